@@ -1,0 +1,126 @@
+"""The decoder forward pass over a batch of tokens from one or more sequences (paged KV)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from ..kernels import ops
+from ..kernels.attention import paged_attention, write_kv
+from ..kernels.half import HALF_TO_FLOAT
+from .config import ModelConfig
+from .linear import PreparedInput
+from .quant import Q8_0, dequantize
+from .weights import ModelWeights
+
+
+@dataclass
+class ForwardBatch:
+    """Which tokens to run and where their KV lives; all arrays int32.
+
+    token_ids, positions, token_seq (row into block_tables), token_context (positions the token
+    attends to, itself included), slot_mapping (arena slot its KV is written to): shape (T,).
+    block_tables (S, max_blocks). logits_rows: indices into T whose logits are wanted.
+    """
+    token_ids: np.ndarray
+    positions: np.ndarray
+    token_seq: np.ndarray
+    token_context: np.ndarray
+    slot_mapping: np.ndarray
+    block_tables: np.ndarray
+    logits_rows: np.ndarray
+
+
+class Transformer:
+    """Runs ModelWeights; owns every activation buffer (allocated once for max_batch_tokens)."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_batch_tokens: int,
+                 max_context: int, max_logits_rows: int):
+        self.config = config
+        self.weights = weights
+        self.max_batch_tokens = max_batch_tokens
+        self.max_context = max_context
+        c, t = config, max_batch_tokens
+        f32 = np.float32
+        self.hidden = np.zeros((t, c.hidden_size), f32)
+        self.normed = np.zeros((t, c.hidden_size), f32)
+        self.q = np.zeros((t, c.q_size), f32)
+        self.k = np.zeros((t, c.kv_size), f32)
+        self.v = np.zeros((t, c.kv_size), f32)
+        self.attn = np.zeros((t, c.q_size), f32)
+        self.proj = np.zeros((t, c.hidden_size), f32)
+        self.gate = np.zeros((t, c.intermediate_size), f32)
+        self.up = np.zeros((t, c.intermediate_size), f32)
+        self.logits = np.zeros((max_logits_rows, c.vocab_size), f32)
+        self.final_normed = np.zeros((max_logits_rows, c.hidden_size), f32)
+        layer0 = weights.layers[0]
+        self.normed_input = PreparedInput(t, c.hidden_size, layer0.q.needs_q8, layer0.q.needs_half)
+        self.attn_input = PreparedInput(t, c.q_size, layer0.o.needs_q8, layer0.o.needs_half)
+        self.ffn_input = PreparedInput(t, c.intermediate_size, layer0.down.needs_q8, layer0.down.needs_half)
+        self.output_input = PreparedInput(max_logits_rows, c.hidden_size, weights.output.needs_q8,
+                                          weights.output.needs_half)
+        self.rope_cos, self.rope_sin = ops.rope_tables(max_context, c.rotary_dims, c.rope_freq_base)
+        threads = numba.config.NUMBA_NUM_THREADS
+        group = c.num_heads // c.num_kv_heads
+        self.scores = np.zeros((threads, group, max_context), f32)
+        self.row_bits = np.zeros((threads, c.head_dim), np.uint32)
+        self.row_values = np.zeros((threads, c.head_dim), f32)
+        self.kv_bits = np.zeros((t, c.head_dim), np.uint16)
+        self.attention_scale = np.float32(1.0 / np.sqrt(c.head_dim))
+
+    def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
+        w = self.weights
+        if w.embedding_quant is Q8_0:
+            ops.embed_q8_0(w.embedding_raw, token_ids, HALF_TO_FLOAT, out)
+        else:
+            out[:] = dequantize(w.embedding_raw[token_ids], w.embedding_quant)
+
+    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray) -> np.ndarray:
+        """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
+        head_dim) u16, return logits (len(logits_rows), vocab) — a view of an internal buffer."""
+        c = self.config
+        num_tokens = batch.token_ids.shape[0]
+        if num_tokens > self.max_batch_tokens:
+            raise ValueError(f"batch has {num_tokens} tokens, engine buffers hold {self.max_batch_tokens}")
+        hidden, normed = self.hidden[:num_tokens], self.normed[:num_tokens]
+        q, k, v = self.q[:num_tokens], self.k[:num_tokens], self.v[:num_tokens]
+        attn, proj = self.attn[:num_tokens], self.proj[:num_tokens]
+        gate, up = self.gate[:num_tokens], self.up[:num_tokens]
+        heads_q = q.reshape(num_tokens, c.num_heads, c.head_dim)
+        heads_k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        heads_v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+        heads_out = attn.reshape(num_tokens, c.num_heads, c.head_dim)
+        self.embed(batch.token_ids, hidden)
+        for index, layer in enumerate(self.weights.layers):
+            ops.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps, normed)
+            prepared = self.normed_input.prepare(normed)
+            layer.q.apply(prepared, q)
+            layer.k.apply(prepared, k)
+            layer.v.apply(prepared, v)
+            if layer.q_bias is not None:
+                ops.add_bias(q, layer.q_bias)
+                ops.add_bias(k, layer.k_bias)
+                ops.add_bias(v, layer.v_bias)
+            ops.apply_rope(heads_q, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
+            ops.apply_rope(heads_k, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
+            k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
+            write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, self.kv_bits)
+            paged_attention(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                            batch.token_context, self.attention_scale, self.scores,
+                            self.row_bits, self.row_values, heads_out)
+            layer.o.apply(self.attn_input.prepare(attn), proj)
+            ops.add_in_place(hidden, proj)
+            ops.rms_norm(hidden, layer.ffn_norm, c.rms_norm_eps, normed)
+            prepared = self.normed_input.prepare(normed)
+            layer.gate.apply(prepared, gate)
+            layer.up.apply(prepared, up)
+            ops.silu_mul(gate, up, gate)
+            layer.down.apply(self.ffn_input.prepare(gate), proj)
+            ops.add_in_place(hidden, proj)
+        rows = batch.logits_rows.shape[0]
+        final = self.final_normed[:rows]
+        ops.rms_norm(hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
+        logits = self.logits[:rows]
+        self.weights.output.apply(self.output_input.prepare(final), logits)
+        return logits

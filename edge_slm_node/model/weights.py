@@ -1,0 +1,110 @@
+"""Bind a GGUF file's tensors to the transformer's weights, checking names and shapes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .config import ModelConfig
+from .gguf_file import GGUFError, GGUFFile
+from .linear import QuantizedLinear
+from .quant import F32, QuantType, dequantize
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray          # (hidden,) f32
+    q: QuantizedLinear             # (q_size, hidden)
+    k: QuantizedLinear             # (kv_size, hidden)
+    v: QuantizedLinear             # (kv_size, hidden)
+    q_bias: Optional[np.ndarray]   # (q_size,) f32, qwen2 only
+    k_bias: Optional[np.ndarray]
+    v_bias: Optional[np.ndarray]
+    o: QuantizedLinear             # (hidden, q_size)
+    ffn_norm: np.ndarray           # (hidden,) f32
+    gate: QuantizedLinear          # (intermediate, hidden)
+    up: QuantizedLinear            # (intermediate, hidden)
+    down: QuantizedLinear          # (hidden, intermediate)
+
+
+@dataclass
+class ModelWeights:
+    embedding_raw: np.ndarray      # (vocab, bytes_per_row) as stored
+    embedding_quant: QuantType
+    output_norm: np.ndarray        # (hidden,) f32
+    output: QuantizedLinear        # (vocab, hidden); token_embd when tied
+    layers: list
+
+    @property
+    def num_bytes(self) -> int:
+        total = self.embedding_raw.nbytes + self.output_norm.nbytes
+        if self.output.raw is not self.embedding_raw:
+            total += self.output.raw.nbytes
+        for layer in self.layers:
+            for linear in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
+                total += linear.raw.nbytes
+            total += layer.attn_norm.nbytes + layer.ffn_norm.nbytes
+        return total
+
+
+def _tensor(gguf: GGUFFile, name: str, expected_shape: tuple[int, ...]):
+    info = gguf.tensors.get(name)
+    if info is None:
+        raise GGUFError(f"{gguf.path}: tensor {name!r} missing")
+    if tuple(info.shape) != expected_shape:
+        raise GGUFError(f"{gguf.path}: tensor {name!r} has shape {list(info.shape)}, expected {list(expected_shape)}")
+    return info
+
+
+def _vector(gguf: GGUFFile, name: str, length: int) -> np.ndarray:
+    info = _tensor(gguf, name, (length,))
+    raw = gguf.tensor_bytes(name)
+    if info.quant is F32:
+        return raw.reshape(-1).view(np.float32)
+    return dequantize(raw.reshape(1, -1), info.quant).reshape(-1)
+
+
+def _optional_vector(gguf: GGUFFile, name: str, length: int) -> Optional[np.ndarray]:
+    return _vector(gguf, name, length) if name in gguf.tensors else None
+
+
+def _linear(gguf: GGUFFile, name: str, in_features: int, out_features: int) -> QuantizedLinear:
+    info = _tensor(gguf, name, (in_features, out_features))
+    return QuantizedLinear(name, gguf.tensor_bytes(name), info.quant, in_features)
+
+
+def load_weights(gguf: GGUFFile, config: ModelConfig) -> ModelWeights:
+    hidden, inter = config.hidden_size, config.intermediate_size
+    layers = []
+    for i in range(config.num_layers):
+        prefix = f"blk.{i}."
+        layers.append(LayerWeights(
+            attn_norm=_vector(gguf, prefix + "attn_norm.weight", hidden),
+            q=_linear(gguf, prefix + "attn_q.weight", hidden, config.q_size),
+            k=_linear(gguf, prefix + "attn_k.weight", hidden, config.kv_size),
+            v=_linear(gguf, prefix + "attn_v.weight", hidden, config.kv_size),
+            q_bias=_optional_vector(gguf, prefix + "attn_q.bias", config.q_size),
+            k_bias=_optional_vector(gguf, prefix + "attn_k.bias", config.kv_size),
+            v_bias=_optional_vector(gguf, prefix + "attn_v.bias", config.kv_size),
+            o=_linear(gguf, prefix + "attn_output.weight", config.q_size, hidden),
+            ffn_norm=_vector(gguf, prefix + "ffn_norm.weight", hidden),
+            gate=_linear(gguf, prefix + "ffn_gate.weight", hidden, inter),
+            up=_linear(gguf, prefix + "ffn_up.weight", hidden, inter),
+            down=_linear(gguf, prefix + "ffn_down.weight", inter, hidden),
+        ))
+        if config.has_qkv_bias and layers[-1].q_bias is None:
+            raise GGUFError(f"{gguf.path}: {config.architecture} needs tensor {prefix + 'attn_q.bias'!r}, missing")
+    embedding = _tensor(gguf, "token_embd.weight", (hidden, config.vocab_size))
+    embedding_raw = gguf.tensor_bytes("token_embd.weight")
+    if "output.weight" in gguf.tensors:
+        output = _linear(gguf, "output.weight", hidden, config.vocab_size)
+    else:                                                   # tied embeddings
+        output = QuantizedLinear("token_embd.weight", embedding_raw, embedding.quant, hidden)
+    return ModelWeights(
+        embedding_raw=embedding_raw,
+        embedding_quant=embedding.quant,
+        output_norm=_vector(gguf, "output_norm.weight", hidden),
+        output=output,
+        layers=layers,
+    )
