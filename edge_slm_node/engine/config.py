@@ -1,0 +1,50 @@
+"""Engine configuration: one frozen, validated dataclass built from config/*.yaml or the CLI."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the parameter."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str = ""                 # empty = bundled SmolLM2-135M-Instruct Q4_1
+    kv_pool_mb: float = 64.0             # size of the one KV arena
+    block_size: int = 16                 # tokens per KV block
+    max_sessions: int = 16
+    max_context_tokens: int = 2048       # per session: system prompt + history + answer
+    max_batch_tokens: int = 128          # tokens per forward step (prefill chunk + decodes)
+    max_running: int = 8                 # sequences decoding at once
+    max_new_tokens_limit: int = 2048
+    max_input_chars: int = 16384
+    system_prompt: Optional[str] = None  # shared, pinned prefix; None = no default system prompt
+    enable_prefix_cache: bool = True
+    max_queued_requests: int = 64
+    queue_timeout_s: float = 30.0
+    max_pending_per_session: int = 8
+    num_threads: int = 2
+
+    def validate(self) -> "EngineConfig":
+        checks = [
+            ("kv_pool_mb", self.kv_pool_mb > 0, "must be > 0"),
+            ("block_size", self.block_size in (8, 16, 32, 64), "must be 8, 16, 32 or 64"),
+            ("max_sessions", 1 <= self.max_sessions <= 1024, "must be in [1, 1024]"),
+            ("max_context_tokens", 16 <= self.max_context_tokens <= 32768, "must be in [16, 32768]"),
+            ("max_batch_tokens", 1 <= self.max_batch_tokens <= 4096, "must be in [1, 4096]"),
+            ("max_running", 1 <= self.max_running <= min(self.max_batch_tokens, 256),
+             "must be in [1, min(max_batch_tokens, 256)]"),
+            ("max_new_tokens_limit", 1 <= self.max_new_tokens_limit <= self.max_context_tokens,
+             "must be in [1, max_context_tokens]"),
+            ("max_input_chars", self.max_input_chars >= 1, "must be >= 1"),
+            ("max_queued_requests", self.max_queued_requests >= 1, "must be >= 1"),
+            ("queue_timeout_s", self.queue_timeout_s > 0, "must be > 0"),
+            ("max_pending_per_session", self.max_pending_per_session >= 1, "must be >= 1"),
+            ("num_threads", 1 <= self.num_threads <= 256, "must be in [1, 256]"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ConfigError(f"parameter {name}={getattr(self, name)!r} {rule}")
+        return self

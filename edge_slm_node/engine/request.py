@@ -1,0 +1,81 @@
+"""One generation request and the events it streams."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..model.utf8_stream import Utf8StreamDecoder
+from .sampling import Sampler, SamplingParams
+from .stop_strings import StopStringMatcher
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    POOL_EXHAUSTED = "pool_exhausted"
+    ERROR = "error"
+
+
+class RequestState(str, enum.Enum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenEvent:
+    """A piece of streamed text; `finish_reason` is set on the request's last event only."""
+    request: "Request"
+    text: str
+    finish_reason: Optional[FinishReason] = None
+    error: str = ""
+
+
+@dataclass
+class Request:
+    request_id: int
+    session_id: str
+    text: str
+    params: SamplingParams
+    raw: bool
+    on_event: Optional[Callable[[TokenEvent], None]]
+    sampler: Sampler
+    decoder: Utf8StreamDecoder
+    stop_matcher: StopStringMatcher
+    state: RequestState = RequestState.QUEUED
+    prompt_ids: list = field(default_factory=list)      # full token list the turn is prefilled from
+    generated_ids: list = field(default_factory=list)
+    next_token: Optional[int] = None                    # sampled, KV not yet computed
+    prefill_done: int = 0                               # tokens of prompt_ids already in KV
+    cached_prompt_tokens: int = 0
+    text_out: str = ""
+    finish_reason: Optional[FinishReason] = None
+    error: str = ""
+    submitted_at: float = field(default_factory=time.monotonic)
+    started_at: Optional[float] = None
+    first_token_at: Optional[float] = None
+    finished_at: Optional[float] = None
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    preemptions: int = 0
+    cancel_requested: bool = False
+    events: list = field(default_factory=list)          # kept when on_event is None (sync use)
+
+    @property
+    def done(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    @property
+    def ttft_ms(self) -> float:
+        if self.first_token_at is None:
+            return 0.0
+        return (self.first_token_at - self.submitted_at) * 1000.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = max(len(self.generated_ids) - 1, 0)
+        return steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
