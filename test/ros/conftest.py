@@ -1,0 +1,21 @@
+"""Fixtures for tests that talk ROS 2 across processes."""
+import os
+
+import pytest
+
+DOMAIN_ID = 1 + os.getpid() % 200   # one per test run; Fast DDS accepts 0..232
+
+
+@pytest.fixture
+def ros_env(monkeypatch):
+    """Environment for this process and its children: a private domain on loopback only."""
+    try:
+        import edge_slm_node.msg  # noqa: F401  (built interfaces on the path?)
+    except ImportError as error:
+        pytest.fail(f'edge_slm_node interfaces not importable ({error}); '
+                    'run `bash scripts/test.sh` or `. scripts/env.sh` first')
+    monkeypatch.setenv('ROS_DOMAIN_ID', str(DOMAIN_ID))
+    monkeypatch.setenv('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
+    monkeypatch.delenv('ROS_STATIC_PEERS', raising=False)
+    monkeypatch.delenv('ROS_LOCALHOST_ONLY', raising=False)
+    return dict(os.environ)
