@@ -51,6 +51,7 @@ class Request:
     generated_ids: list = field(default_factory=list)
     next_token: Optional[int] = None                    # sampled, KV not yet computed
     prefill_done: int = 0                               # tokens of prompt_ids already in KV
+    prefill_chunk: int = 0                              # tokens of prompt_ids in the current forward
     cached_prompt_tokens: int = 0
     text_out: str = ""
     finish_reason: Optional[FinishReason] = None

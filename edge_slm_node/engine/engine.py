@@ -1,0 +1,215 @@
+"""The inference engine: sessions, a FIFO of requests, and step() = schedule -> forward -> sample.
+
+Thread model: public methods may be called from any thread (they take the engine lock);
+step() runs on one engine thread and releases the lock while the model computes, so calls
+that touch a sequence inside the running forward wait for it to finish (one step).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Callable, Iterator, Optional
+
+import numba
+
+from ..kv.arena import KVArena
+from ..kv.block_manager import KVBlockManager
+from ..kv.block_pool import NoFreeBlocksError
+from ..model.loader import LoadedModel, load_model
+from ..model.transformer import Transformer
+from ..model.utf8_stream import Utf8StreamDecoder
+from .batch import BatchBuilder
+from .config import EngineConfig
+from .request import FinishReason, Request, RequestState, TokenEvent
+from .sampling import InvalidRequestError, Sampler, SamplingParams
+from .scheduler import PREFIX_SEQ_KEY, Scheduler
+from .session import Session
+from .stop_strings import StopStringMatcher
+from .stats import EngineStats, SessionStats
+
+
+class UnknownSessionError(KeyError):
+    def __str__(self):
+        return self.args[0]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, model: Optional[LoadedModel] = None):
+        self.config = config.validate()
+        numba.set_num_threads(min(config.num_threads, numba.config.NUMBA_NUM_THREADS))
+        self.model = model or load_model(config.model_path)
+        mc = self.model.config
+        self.tokenizer = self.model.tokenizer
+        self.max_context = min(config.max_context_tokens, mc.context_length)
+        self.arena = KVArena.from_megabytes(mc, config.kv_pool_mb, config.block_size)
+        self.kv = KVBlockManager(self.arena.num_blocks, config.block_size, config.enable_prefix_cache)
+        self.transformer = Transformer(mc, self.model.weights, config.max_batch_tokens, self.max_context,
+                                       max_logits_rows=config.max_running + 1)
+        max_blocks = -(-self.max_context // config.block_size)
+        self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
+        self.sessions: dict[str, Session] = {}
+        self.queue: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._forward_done = threading.Condition(self._lock)
+        self._in_forward: set[str] = set()
+        self.prefix_ids: list[int] = []
+        self.scheduler = Scheduler(self)
+        if config.system_prompt:
+            self.prefix_ids = self.render_prefix(config.system_prompt)
+            self.scheduler.prefill_shared_prefix(PREFIX_SEQ_KEY, self.prefix_ids)
+
+    # ---- prompts -------------------------------------------------------------------------
+    def render_prefix(self, system_prompt: str) -> list[int]:
+        text = self.model.chat_template.render([{"role": "system", "content": system_prompt}],
+                                               add_generation_prompt=False)
+        return self.tokenizer.encode(text)
+
+    def render_turn(self, session: Session, text: str) -> list[int]:
+        messages = list(session.messages) + [{"role": "user", "content": text}]
+        if session.system_prompt is not None:
+            messages.insert(0, {"role": "system", "content": session.system_prompt})
+        return self.tokenizer.encode(self.model.chat_template.render(messages, add_generation_prompt=True))
+
+    # ---- sessions ------------------------------------------------------------------------
+    def create_session(self, session_id: str = "", system_prompt: Optional[str] = None,
+                       keep_history: bool = True) -> Session:
+        """system_prompt None = the engine's shared prompt; "" = no system message."""
+        with self._lock:
+            session_id = session_id or uuid.uuid4().hex[:12]
+            if session_id in self.sessions:
+                raise InvalidRequestError(f"session {session_id!r} already exists")
+            if len(self.sessions) >= self.config.max_sessions:
+                raise InvalidRequestError(f"max_sessions={self.config.max_sessions} reached; destroy a session first")
+            if system_prompt is None:
+                system_prompt = self.config.system_prompt or None
+            elif system_prompt == "":
+                system_prompt = None
+            if system_prompt is not None and len(system_prompt) > self.config.max_input_chars:
+                raise InvalidRequestError(f"system prompt has {len(system_prompt)} characters, "
+                                          f"limit max_input_chars={self.config.max_input_chars}")
+            shared = system_prompt is not None and system_prompt == self.config.system_prompt
+            prefix = self.prefix_ids if shared else (self.render_prefix(system_prompt) if system_prompt else [])
+            if len(prefix) >= self.max_context:
+                raise InvalidRequestError(f"system prompt is {len(prefix)} tokens, context limit {self.max_context}")
+            session = Session(session_id, system_prompt, prefix, shared, keep_history)
+            self.sessions[session_id] = session
+            return session
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"unknown session {session_id!r}")
+        return session
+
+    def destroy_session(self, session_id: str) -> int:
+        """Cancel its requests, return every block; -> blocks freed."""
+        with self._lock:
+            session = self._session(session_id)
+            self._wait_out_of_forward(session_id)
+            self._cancel_all(session, "session destroyed")
+            freed = self.kv.free(session_id) if session.has_kv else 0
+            del self.sessions[session_id]
+            return freed
+
+    def reset_session(self, session_id: str) -> int:
+        """Forget the conversation, keep the system prompt; -> blocks freed."""
+        with self._lock:
+            session = self._session(session_id)
+            self._wait_out_of_forward(session_id)
+            self._cancel_all(session, "session reset")
+            session.messages.clear()
+            freed = 0
+            if session.has_kv:
+                kept = min(len(session.prefix_ids), self.kv.num_tokens(session_id))
+                freed = self.kv.truncate(session_id, kept)
+            session.touch()
+            return freed
+
+    def cancel(self, session_id: str) -> bool:
+        """Cancel the session's running and queued requests; -> whether there was any."""
+        with self._lock:
+            session = self._session(session_id)
+            self._wait_out_of_forward(session_id)
+            return self._cancel_all(session, "cancelled by client") > 0
+
+    def _cancel_all(self, session: Session, why: str) -> int:
+        victims = list(session.queued) + ([session.active] if session.active else [])
+        for request in victims:
+            self.scheduler.finish(request, FinishReason.CANCELLED, why)
+        return len(victims)
+
+    def _wait_out_of_forward(self, session_id: str) -> None:
+        while session_id in self._in_forward:
+            self._forward_done.wait()
+
+    # ---- requests ------------------------------------------------------------------------
+    def submit(self, session_id: str, text: str, params: SamplingParams, raw: bool = False,
+               on_event: Optional[Callable[[TokenEvent], None]] = None) -> Request:
+        """Queue a turn. Raises InvalidRequestError / UnknownSessionError before queueing."""
+        with self._lock:
+            session = self._session(session_id)
+            params = params.validate(self.config.max_new_tokens_limit)
+            if not isinstance(text, str) or not text.strip():
+                raise InvalidRequestError("empty prompt: text has no non-whitespace character")
+            if len(text) > self.config.max_input_chars:
+                raise InvalidRequestError(f"prompt has {len(text)} characters, limit max_input_chars={self.config.max_input_chars}")
+            if len(self.queue) >= self.config.max_queued_requests:
+                raise InvalidRequestError(f"engine queue full ({len(self.queue)} requests, max_queued_requests={self.config.max_queued_requests})")
+            if len(session.queued) >= self.config.max_pending_per_session:
+                raise InvalidRequestError(f"session {session_id!r} has {len(session.queued)} queued requests "
+                                          f"(max_pending_per_session={self.config.max_pending_per_session})")
+            request = Request(next(self._ids), session_id, text, params, raw, on_event,
+                              Sampler(params), Utf8StreamDecoder(self.tokenizer), StopStringMatcher(params.stop))
+            session.queued.append(request)
+            self.queue.append(request)
+            session.touch()
+            return request
+
+    def generate(self, session_id: str, text: str, params: SamplingParams, raw: bool = False) -> Iterator[str]:
+        """Synchronous helper: submit, step until done, yield text pieces. Sets request on .last_request."""
+        request = self.submit(session_id, text, params, raw)
+        self.last_request = request
+        while True:
+            while request.events:
+                event = request.events.pop(0)
+                if event.text:
+                    yield event.text
+                if event.finish_reason is not None:
+                    return
+            self.step()
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return bool(self.queue or self.running)
+
+    def step(self) -> bool:
+        """One scheduling round; -> whether any work was done."""
+        return self.scheduler.step()
+
+    # ---- statistics ----------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        with self._lock:
+            kv = self.kv.stats()
+            sessions = []
+            for s in self.sessions.values():
+                state = s.active.state.value if s.active else ("queued" if s.queued else "idle")
+                has = s.has_kv
+                sessions.append(SessionStats(
+                    s.session_id, self.kv.num_tokens(s.session_id) if has else 0,
+                    self.kv.num_blocks(s.session_id) if has else 0,
+                    self.kv.num_shared_blocks(s.session_id) if has else 0, state))
+            return EngineStats(
+                block_size=self.config.block_size, bytes_per_block=self.arena.bytes_per_block,
+                bytes_per_token=self.arena.bytes_per_token, total_blocks=kv.total_blocks,
+                free_blocks=kv.free_blocks, cached_blocks=kv.cached_blocks, used_blocks=kv.used_blocks,
+                pinned_blocks=kv.pinned_blocks, shared_blocks=kv.shared_blocks,
+                prefix_query_tokens=kv.prefix_query_tokens, prefix_hit_tokens=kv.prefix_hit_tokens,
+                evictions=kv.evictions, preemptions=self.preemptions, queue_length=len(self.queue),
+                running=len(self.running), weights_bytes=self.model.weights.num_bytes,
+                arena_bytes=self.arena.num_bytes, sessions=sessions)

@@ -1,0 +1,311 @@
+"""step(): admit queued requests -> one forward over prefill chunk + decode tokens -> sample.
+
+Admission is FIFO: a request whose blocks do not fit waits (so a long request is never
+starved by short ones) until blocks are freed or queue_timeout_s passes. A decoding
+sequence that needs a block when none is left preempts the most recently started other
+request, which is requeued and later recomputed with the help of cached prefix blocks.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ..kv.block_pool import NoFreeBlocksError
+from .request import FinishReason, Request, RequestState, TokenEvent
+from .session import common_prefix_length
+
+PREFIX_SEQ_KEY = ("shared-prefix",)      # block-manager id of the pinned system-prompt sequence
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class Scheduler:
+    def __init__(self, engine: "Engine"):
+        self.engine = engine
+
+    # ---- shared prefix ---------------------------------------------------------------------
+    def prefill_shared_prefix(self, seq_id, token_ids: list) -> None:
+        """Compute the system prompt's KV once and pin its full blocks for the engine's life."""
+        e = self.engine
+        e.kv.allocate_prompt(seq_id, token_ids)
+        self._prefill_tokens(seq_id, token_ids, 0)
+        e.kv.pin_sequence(seq_id)
+
+    def _prefill_tokens(self, seq_id, token_ids: list, start: int):
+        """Run tokens[start:] of an already reserved sequence in chunks; -> last logits row."""
+        e = self.engine
+        logits = None
+        while start < len(token_ids):
+            chunk = token_ids[start:start + e.config.max_batch_tokens]
+            e.batch.clear()
+            e.batch.add(e.kv, seq_id, chunk, start, want_logits=True)
+            logits = e.transformer.forward(e.batch.build(), e.arena.data)
+            e.kv.commit(seq_id, chunk)
+            start += len(chunk)
+        return logits
+
+    # ---- step ------------------------------------------------------------------------------
+    def step(self) -> bool:
+        e = self.engine
+        with e._lock:
+            self._expire_queue()
+            self._admit()
+            plan = self._plan_batch()
+            if plan is None:
+                return False
+            prefill_request, decoders = plan
+            batch = e.batch.build()
+            active = [r.session_id for r in decoders] + ([prefill_request.session_id] if prefill_request else [])
+            e._in_forward.update(active)
+        started = time.monotonic()
+        error = None
+        try:
+            logits = e.transformer.forward(batch, e.arena.data)
+        except Exception as exc:          # a kernel failure must not take the node down
+            error = f"{type(exc).__name__}: {exc}"
+        elapsed = time.monotonic() - started
+        with e._lock:
+            e._in_forward.clear()
+            e._forward_done.notify_all()
+            if error is not None:
+                for request in decoders + ([prefill_request] if prefill_request else []):
+                    self.finish(request, FinishReason.ERROR, f"forward pass failed: {error}")
+                return True
+            row = 0
+            for request in decoders:
+                request.decode_seconds += elapsed
+                e.kv.commit(request.session_id, [request.next_token])
+                self._accept_token(request, logits[row])
+                row += 1
+            if prefill_request is not None:
+                r = prefill_request
+                chunk = r.prompt_ids[r.prefill_done:r.prefill_done + r.prefill_chunk]
+                e.kv.commit(r.session_id, chunk)
+                r.prefill_done += len(chunk)
+                r.prefill_seconds += elapsed
+                if r.prefill_done == len(r.prompt_ids):
+                    r.state = RequestState.DECODE
+                    self._accept_token(r, logits[row])
+        return True
+
+    def _plan_batch(self):
+        """Fill e.batch with one token per decoding request plus a prefill chunk; None if idle."""
+        e = self.engine
+        e.batch.clear()
+        decoders = []
+        for request in sorted([r for r in e.running if r.state is RequestState.DECODE], key=lambda r: r.started_at):
+            if request.state is not RequestState.DECODE:        # preempted by an earlier one
+                continue
+            if not self._reserve_decode_slot(request):
+                continue
+            decoders.append(request)
+        prefill_request = next((r for r in e.running if r.state is RequestState.PREFILL), None)
+        for request in decoders:
+            position = e.kv.num_tokens(request.session_id)
+            e.batch.add(e.kv, request.session_id, [request.next_token], position, want_logits=True)
+        if prefill_request is not None:
+            r = prefill_request
+            room = e.config.max_batch_tokens - e.batch.num_tokens
+            if room <= 0:
+                prefill_request = None
+            else:
+                r.prefill_chunk = min(room, len(r.prompt_ids) - r.prefill_done)
+                last = r.prefill_done + r.prefill_chunk == len(r.prompt_ids)
+                e.batch.add(e.kv, r.session_id, r.prompt_ids[r.prefill_done:r.prefill_done + r.prefill_chunk],
+                            r.prefill_done, want_logits=last)
+        if not decoders and prefill_request is None:
+            return None
+        return prefill_request, decoders
+
+    def _reserve_decode_slot(self, request: Request) -> bool:
+        e = self.engine
+        while True:
+            try:
+                e.arena.copy_blocks(e.kv.reserve(request.session_id, 1))
+                return True
+            except NoFreeBlocksError:
+                if len(e.running) == 1:
+                    self.finish(request, FinishReason.POOL_EXHAUSTED,
+                                f"KV pool exhausted: sequence alone holds {e.kv.num_blocks(request.session_id)} "
+                                f"of {e.kv.stats().total_blocks} blocks and needs one more")
+                    return False
+                newest = max(e.running, key=lambda r: r.started_at)
+                self._preempt(newest)           # the older request keeps its blocks
+                if newest is request:
+                    return False
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's KV and put it back at the head of the queue (recomputed later)."""
+        e = self.engine
+        session = e.sessions[request.session_id]
+        kept = e.kv.token_ids(request.session_id)
+        # resume from everything known so far: committed KV + rest of the prompt + sampled token
+        request.prompt_ids = kept + request.prompt_ids[len(kept):] if request.state is RequestState.PREFILL \
+            else kept + ([request.next_token] if request.next_token is not None else [])
+        e.kv.free(request.session_id)
+        session.has_kv = False
+        e.running.remove(request)
+        request.state = RequestState.QUEUED
+        request.preemptions += 1
+        e.preemptions += 1
+        session.queued.appendleft(request)
+        session.active = None
+        e.queue.appendleft(request)
+
+    # ---- admission -------------------------------------------------------------------------
+    def _expire_queue(self) -> None:
+        e = self.engine
+        now = time.monotonic()
+        for request in [r for r in e.queue if now - r.submitted_at > e.config.queue_timeout_s]:
+            self.finish(request, FinishReason.ERROR,
+                        f"timed out after {e.config.queue_timeout_s:g} s waiting for KV blocks "
+                        f"({e.kv.stats().free_blocks + e.kv.stats().cached_blocks} available)")
+
+    def _admit(self) -> None:
+        e = self.engine
+        for request in list(e.queue):
+            if len(e.running) >= e.config.max_running:
+                return
+            session = e.sessions[request.session_id]
+            if session.active is not None or session.queued[0] is not request:
+                continue
+            try:
+                admitted = self._start(request, session)
+            except NoFreeBlocksError:
+                return                          # FIFO: wait for blocks before admitting later ones
+            if admitted:
+                e.queue.remove(request)
+                session.queued.popleft()
+
+    def _start(self, request: Request, session) -> bool:
+        """Tokenize the turn and reserve its blocks; False if it finished with an error instead."""
+        e = self.engine
+        sid = request.session_id
+        if not request.prompt_ids:                      # first admission (not a preempted resume)
+            if request.raw:
+                history = e.kv.token_ids(sid) if session.has_kv else []
+                bos = [e.tokenizer.bos_id] if not history and e.tokenizer.add_bos_default else []
+                request.prompt_ids = history + bos + e.tokenizer.encode(request.text)
+            else:
+                request.prompt_ids = e.render_turn(session, request.text)
+        prompt = request.prompt_ids
+        limit = e.max_context - 1
+        if len(prompt) > limit:
+            self.finish(request, FinishReason.ERROR,
+                        f"prompt is {len(prompt)} tokens with history, context limit is {e.max_context} "
+                        f"(max_context_tokens); reset the session or shorten the text")
+            return False
+        needed = e.kv.prompt_blocks_needed(prompt) if not session.has_kv else 0
+        if needed > e.kv.stats().total_blocks - e.kv.stats().pinned_blocks:
+            self.finish(request, FinishReason.ERROR,
+                        f"prompt needs {needed} KV blocks, pool has {e.kv.stats().total_blocks} "
+                        f"({e.kv.stats().pinned_blocks} pinned); raise kv_pool_mb")
+            return False
+        if not session.has_kv and session.uses_shared_prefix and prompt[:len(e.prefix_ids)] == e.prefix_ids \
+                and e.kv.has_seq(PREFIX_SEQ_KEY):
+            e.kv.fork(PREFIX_SEQ_KEY, sid)
+            session.has_kv = True
+        if session.has_kv:
+            done = min(common_prefix_length(e.kv.token_ids(sid), prompt), len(prompt) - 1)
+            e.kv.truncate(sid, done)
+            e.arena.copy_blocks(e.kv.reserve(sid, len(prompt) - done))
+            request.cached_prompt_tokens = done
+        else:
+            request.cached_prompt_tokens = e.kv.allocate_prompt(sid, prompt)
+            session.has_kv = True
+        request.prefill_done = request.cached_prompt_tokens
+        request.state = RequestState.PREFILL
+        if request.started_at is None:
+            request.started_at = time.monotonic()
+        session.active = request
+        e.running.append(request)
+        return True
+
+    # ---- output ----------------------------------------------------------------------------
+    def _accept_token(self, request: Request, logits) -> None:
+        e = self.engine
+        previous = request.generated_ids
+        token = request.sampler.sample(logits, previous)
+        now = time.monotonic()
+        if request.first_token_at is None:
+            request.first_token_at = now
+        p = request.params
+        if not p.ignore_eos and e.tokenizer.is_eog(token):
+            self.finish(request, FinishReason.STOP)
+            return
+        request.generated_ids.append(token)
+        request.next_token = token
+        text, stopped = request.stop_matcher.feed(request.decoder.feed(token))
+        if text:
+            self._emit(request, text)
+        if stopped:
+            self.finish(request, FinishReason.STOP)
+        elif len(request.generated_ids) >= p.max_new_tokens:
+            self.finish(request, FinishReason.LENGTH)
+        elif e.kv.num_tokens(request.session_id) + 1 >= e.max_context:
+            self.finish(request, FinishReason.LENGTH, "")
+
+    def _emit(self, request: Request, text: str, reason=None, error: str = "") -> None:
+        request.text_out += text
+        event = TokenEvent(request, text, reason, error)
+        if request.on_event is None:
+            request.events.append(event)
+        else:
+            try:
+                request.on_event(event)
+            except Exception:               # a broken subscriber must not stop the engine
+                pass
+
+    def finish(self, request: Request, reason: FinishReason, error: str = "") -> None:
+        """End a request in any state: flush text, release or keep KV per session policy, emit final event."""
+        e = self.engine
+        if request.state is RequestState.FINISHED:
+            return
+        was_running = request in e.running
+        if was_running:
+            e.running.remove(request)
+        if request in e.queue:
+            e.queue.remove(request)
+        session = e.sessions.get(request.session_id)
+        tail = ""
+        if reason not in (FinishReason.ERROR,):
+            tail, _ = request.stop_matcher.feed(request.decoder.flush())
+            if reason is not FinishReason.STOP or not request.params.stop:
+                tail += request.stop_matcher.flush()
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason
+        request.error = error
+        request.finished_at = time.monotonic()
+        request.text_out += tail
+        if session is not None:
+            if request in session.queued:
+                session.queued.remove(request)
+            if session.active is request:
+                session.active = None
+                self._settle_session_kv(session, request)
+            session.touch()
+        event = TokenEvent(request, tail, reason, error)
+        if request.on_event is None:
+            request.events.append(event)
+        else:
+            try:
+                request.on_event(event)
+            except Exception:
+                pass
+
+    def _settle_session_kv(self, session, request: Request) -> None:
+        """After a turn: record it in history, drop uncommitted reservations, or roll back."""
+        e = self.engine
+        sid = session.session_id
+        completed = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if completed and not request.raw and session.keep_history:
+            session.messages.append({"role": "user", "content": request.text})
+            session.messages.append({"role": "assistant", "content": request.text_out})
+        if not session.has_kv:
+            return
+        committed = e.kv.num_tokens(sid)
+        # with history, stale tail tokens are trimmed by the next turn's common-prefix match
+        keep = committed if session.keep_history else min(committed, len(session.prefix_ids))
+        e.kv.truncate(sid, keep)
+
