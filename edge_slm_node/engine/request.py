@@ -62,6 +62,7 @@ class Request:
     finished_at: Optional[float] = None
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    decode_steps: int = 0                               # forward passes that decoded one token
     preemptions: int = 0
     cancel_requested: bool = False
     events: list = field(default_factory=list)          # kept when on_event is None (sync use)
@@ -78,5 +79,4 @@ class Request:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        steps = max(len(self.generated_ids) - 1, 0)
-        return steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        return self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0

@@ -75,6 +75,7 @@ class Scheduler:
             row = 0
             for request in decoders:
                 request.decode_seconds += elapsed
+                request.decode_steps += 1
                 e.kv.commit(request.session_id, [request.next_token])
                 self._accept_token(request, logits[row])
                 row += 1

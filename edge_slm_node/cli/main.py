@@ -1,0 +1,147 @@
+"""`edge-slm`: generate, tokenize and chat from a terminal, without ROS."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ..engine.config import ConfigError, EngineConfig
+from ..engine.sampling import InvalidRequestError, SamplingParams
+from ..model.gguf_file import GGUFError
+
+CLI_KV_POOL_MB = 48.0          # one session of 2048 tokens (22.5 KiB each for SmolLM2-135M)
+
+
+def _engine(args, system_prompt=None):
+    from ..engine.engine import Engine
+    config = EngineConfig(model_path=args.model or "", kv_pool_mb=CLI_KV_POOL_MB,
+                          num_threads=getattr(args, "threads", 2), system_prompt=system_prompt)
+    return Engine(config)
+
+
+def _sampling(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          repetition_penalty=args.repeat_penalty, seed=args.seed,
+                          max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
+                          stop=tuple(args.stop or ()))
+
+
+def cmd_generate(args) -> int:
+    started = time.monotonic()
+    engine = _engine(args, system_prompt=args.system)
+    load_s = time.monotonic() - started
+    session = engine.create_session("cli", system_prompt=None if args.system else "")
+    for piece in engine.generate(session.session_id, args.prompt, _sampling(args), raw=args.raw):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    request = engine.last_request
+    sys.stdout.write("\n")
+    if request.error:
+        print(f"error: {request.error}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({
+            "prompt_ids": request.prompt_ids,
+            "generated_ids": request.generated_ids,
+            "text": request.text_out,
+            "finish_reason": request.finish_reason.value,
+            "timings": {"load_s": round(load_s, 4),
+                        "prefill_tokens": len(request.prompt_ids) - request.cached_prompt_tokens,
+                        "prefill_s": round(request.prefill_seconds, 4),
+                        "decode_tokens": request.decode_steps,
+                        "decode_s": round(request.decode_seconds, 4)},
+        }, ensure_ascii=False))
+    return 0 if request.finish_reason.value != "error" else 1
+
+
+def cmd_tokenize(args) -> int:
+    from ..model.gguf_file import GGUFFile
+    from ..model.loader import default_model_path
+    from ..model.tokenizer import Tokenizer
+    tokenizer = Tokenizer.from_metadata(GGUFFile(args.model or default_model_path()).metadata)
+    ids = tokenizer.encode(args.text)
+    print(json.dumps({"ids": ids}) if args.json else " ".join(map(str, ids)))
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from ..engine.config_files import default_system_prompt
+    engine = _engine(args, system_prompt=args.system or default_system_prompt())
+    session = engine.create_session("chat")
+    print("edge-slm chat: /reset forgets the conversation, /quit or Ctrl-D leaves.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/quit", "/exit"):
+            return 0
+        if line.strip() == "/reset":
+            engine.reset_session(session.session_id)
+            continue
+        try:
+            for piece in engine.generate(session.session_id, line, _sampling(args)):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except InvalidRequestError as error:
+            print(f"error: {error}", file=sys.stderr)
+            continue
+        request = engine.last_request
+        print(f"\n[{request.finish_reason.value}: {len(request.generated_ids)} tokens, "
+              f"{request.decode_tokens_per_s:.1f} tok/s]" + (f" {request.error}" if request.error else ""),
+              file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge-slm", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def model_option(p):
+        p.add_argument("--model", default="", help="GGUF path (default: bundled SmolLM2-135M-Instruct Q4_1)")
+
+    def sampling_options(p, max_new_tokens):
+        p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+        p.add_argument("--top-k", type=int, default=0)
+        p.add_argument("--top-p", type=float, default=1.0)
+        p.add_argument("--repeat-penalty", type=float, default=1.0)
+        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+        p.add_argument("--ignore-eos", action="store_true")
+        p.add_argument("--stop", action="append", help="stop string (repeatable)")
+        p.add_argument("--threads", type=int, default=2)
+
+    generate = commands.add_parser("generate", help="stream one answer to stdout")
+    model_option(generate)
+    generate.add_argument("--system", default=None, help="system prompt (default: none)")
+    generate.add_argument("--raw", action="store_true", help="PROMPT as is: no chat template")
+    generate.add_argument("--json", action="store_true", help="last line: ids, text and timings as JSON")
+    sampling_options(generate, 128)
+    generate.add_argument("prompt")
+    generate.set_defaults(run=cmd_generate)
+
+    tokenize = commands.add_parser("tokenize", help="print token ids (special tokens parsed, no BOS)")
+    model_option(tokenize)
+    tokenize.add_argument("--json", action="store_true")
+    tokenize.add_argument("text")
+    tokenize.set_defaults(run=cmd_tokenize)
+
+    chat = commands.add_parser("chat", help="multi-turn conversation with the CNC system prompt")
+    model_option(chat)
+    chat.add_argument("--system", default=None, help="system prompt (default: config/cnc_system_prompt.txt)")
+    sampling_options(chat, 256)
+    chat.set_defaults(run=cmd_chat)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (FileNotFoundError, GGUFError, ConfigError, InvalidRequestError) as error:
+        print(f"edge-slm: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
