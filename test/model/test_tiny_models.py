@@ -1,0 +1,73 @@
+"""Our forward pass on small random GGUF files (llama and qwen2 layouts, several quant types)
+against a float64 NumPy reference that reads the same file."""
+import numpy as np
+import pytest
+
+from edge_slm_node.kv.arena import KVArena
+from edge_slm_node.model import quant as q
+from edge_slm_node.model.gguf_file import GGUFError
+from edge_slm_node.model.loader import load_model
+from edge_slm_node.model.transformer import ForwardBatch, Transformer
+from tiny_models import reference_logits, write_tiny_model
+
+BLOCK = 4
+
+
+def run_paged(model, token_ids, chunks):
+    """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token."""
+    config = model.config
+    arena = KVArena(config, num_blocks=32, block_size=BLOCK)
+    transformer = Transformer(config, model.weights, max_batch_tokens=64, max_context=128, max_logits_rows=64)
+    table = np.random.default_rng(0).permutation(32).astype(np.int32)[None, :]
+    logits, start = [], 0
+    for size in chunks:
+        ids = np.array(token_ids[start:start + size], np.int32)
+        pos = np.arange(start, start + size, dtype=np.int32)
+        slots = (table[0, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
+        batch = ForwardBatch(ids, pos, np.zeros(size, np.int32), pos + 1, slots, table, np.arange(size, dtype=np.int32))
+        logits.append(transformer.forward(batch, arena.data).copy())
+        start += size
+    return np.concatenate(logits)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weight_quant,embedding_quant,tolerance", [
+    (q.F32, q.F32, 0.01), (q.F16, q.F16, 0.01), (q.Q8_0, q.Q8_0, 0.03), (q.Q4_0, q.Q8_0, 0.05),
+    (q.Q4_1, q.Q8_0, 0.05), (q.Q4_1, q.Q4_1, 0.05)])
+def test_forward_matches_numpy_reference(tmp_path, arch, weight_quant, embedding_quant, tolerance):
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, weight_quant, embedding_quant, tied=arch == "llama")
+    model = load_model(str(path))
+    tokens = list(np.random.default_rng(1).integers(0, model.config.vocab_size, 11))
+    ours = run_paged(model, tokens, [11])
+    expected = reference_logits(path, tokens)
+    scale = np.abs(expected).max()
+    assert np.abs(ours - expected).max() <= tolerance * scale, (np.abs(ours - expected).max(), scale)
+    assert (ours.argmax(1) == expected.argmax(1)).mean() >= 0.8
+
+
+def test_chunked_prefill_equals_one_pass(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny.gguf")
+    model = load_model(str(path))
+    tokens = list(np.random.default_rng(2).integers(0, model.config.vocab_size, 13))
+    whole = run_paged(model, tokens, [13])
+    pieces = run_paged(model, tokens, [5, 1, 4, 3])       # chunk edges inside and across blocks
+    np.testing.assert_array_equal(whole, pieces)
+
+
+def test_unsupported_architecture_and_truncation_are_clear_errors(tmp_path):
+    path = write_tiny_model(tmp_path / "tiny.gguf")
+    data = path.read_bytes()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(data[: len(data) - 100])
+    with pytest.raises(GGUFError, match="truncated"):
+        load_model(str(truncated))
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"NOPE" + data[4:])
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        load_model(str(garbage))
+    renamed = tmp_path / "gpt.gguf"
+    renamed.write_bytes(data.replace(b"llama", b"gptxx", 1))
+    with pytest.raises(GGUFError, match="architecture 'gptxx' unsupported"):
+        load_model(str(renamed))
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        load_model(str(tmp_path / "missing.gguf"))
