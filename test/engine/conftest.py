@@ -1,0 +1,36 @@
+import pytest
+
+from edge_slm_node.engine.config import EngineConfig
+from edge_slm_node.engine.engine import Engine
+from edge_slm_node.model.loader import load_model
+
+SHORT_SYSTEM_PROMPT = "You are the assistant of CNC cell 3. Answer briefly."
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, loaded once for the whole run."""
+    return load_model()
+
+
+@pytest.fixture
+def make_engine(smollm):
+    def make(**overrides):
+        settings = dict(kv_pool_mb=8, max_context_tokens=512, system_prompt=SHORT_SYSTEM_PROMPT)
+        settings.update(overrides)
+        return Engine(EngineConfig(**settings), model=smollm)
+    return make
+
+
+def run_to_completion(engine, requests, max_steps=10000):
+    for _ in range(max_steps):
+        if all(r.done for r in requests):
+            return
+        engine.step()
+    raise AssertionError("requests did not finish")
+
+
+def assert_pool_consistent(engine):
+    engine.kv.check_invariants()
+    stats = engine.stats()
+    assert stats.free_blocks + stats.cached_blocks + stats.used_blocks == stats.total_blocks
