@@ -7,13 +7,19 @@ DOMAIN_ID = 1 + os.getpid() % 200   # one per test run; Fast DDS accepts 0..232
 
 
 @pytest.fixture
-def ros_env(monkeypatch):
-    """Environment for this process and its children: a private domain on loopback only."""
+def ros_interfaces():
+    """Fails with a hint when the built interfaces are not on the path."""
     try:
-        import edge_slm_node.msg  # noqa: F401  (built interfaces on the path?)
+        import edge_slm_node.msg  # noqa: F401
+        import edge_slm_node.srv  # noqa: F401
     except ImportError as error:
         pytest.fail(f'edge_slm_node interfaces not importable ({error}); '
                     'run `bash scripts/test.sh` or `. scripts/env.sh` first')
+
+
+@pytest.fixture
+def ros_env(ros_interfaces, monkeypatch):
+    """Environment for this process and its children: a private domain on loopback only."""
     monkeypatch.setenv('ROS_DOMAIN_ID', str(DOMAIN_ID))
     monkeypatch.setenv('ROS_AUTOMATIC_DISCOVERY_RANGE', 'LOCALHOST')
     monkeypatch.delenv('ROS_STATIC_PEERS', raising=False)

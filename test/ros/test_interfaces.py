@@ -146,7 +146,7 @@ def test_interfaces_across_processes(peer_process, ros_node):
     assert (pool.stamp.sec, pool.stamp.nanosec) == (1_700_000_000, 123_456_789)
 
 
-def test_message_defaults_match_the_contract():
+def test_message_defaults_match_the_contract(ros_interfaces):
     from edge_slm_node.msg import Command, TokenChunk
     from edge_slm_node.srv import CancelGeneration, DestroySession, ResetSession
 
@@ -162,7 +162,7 @@ def test_message_defaults_match_the_contract():
         'success': 'boolean', 'message': 'string'}
 
 
-def test_install_space_alone_has_interfaces_and_sources(tmp_path):
+def test_install_space_alone_has_interfaces_and_sources(ros_interfaces, tmp_path):
     """What a ROS 2 user gets: the installed package, without the source tree on the path."""
     import edge_slm_node.msg
 
