@@ -1,0 +1,259 @@
+"""The edge_slm_node ROS 2 node: thin callbacks in front of one engine thread.
+
+Callbacks only validate, enqueue and publish; the model is loaded, the shared prompt
+prefilled and every forward pass run on the engine thread, so services and status
+publishing never wait for the model (at most for one step when they touch a session
+that is inside the running forward pass).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from typing import Optional
+
+import rclpy
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+from diagnostic_msgs.msg import DiagnosticArray
+from edge_slm_node.msg import Command, PoolStatus, TokenChunk
+from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, ResetSession
+
+from ..engine.config import ConfigError
+from ..engine.engine import Engine, UnknownSessionError
+from ..engine.memory import MemoryBudgetError, check_memory_budget, resident_bytes
+from ..engine.sampling import InvalidRequestError
+from ..model.gguf_file import GGUFError, GGUFFile
+from ..model.loader import default_model_path
+from . import convert
+from .params import PARAMETERS, NodeSettings, settings_from_values
+
+
+class EdgeSlmNode(Node):
+    def __init__(self):
+        super().__init__("edge_slm_node")
+        for name, (default, description) in PARAMETERS.items():
+            self.declare_parameter(name, default)
+        values = {name: self.get_parameter(name).value for name in PARAMETERS}
+        self.settings: NodeSettings = settings_from_values(values)
+        self.model_path = self.settings.engine.model_path or default_model_path()
+        GGUFFile(self.model_path)                  # corrupt / missing model: fail now, before serving
+        self.engine: Optional[Engine] = None
+        self.state = "loading model"
+        self.fatal_error = ""
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._early_commands: deque = deque(maxlen=self.settings.engine.max_queued_requests)
+        self._chunk_seq: dict = {}
+        self._seq_lock = threading.Lock()
+
+        group = ReentrantCallbackGroup()
+        qos = QoSProfile(depth=self.settings.qos_depth, reliability=ReliabilityPolicy.RELIABLE)
+        self.token_publisher = self.create_publisher(TokenChunk, "tokens", qos)
+        self.status_publisher = self.create_publisher(PoolStatus, "pool_status", 10)
+        self.diagnostics_publisher = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self.create_subscription(Command, "command", self.on_command, qos, callback_group=group)
+        self.create_service(CreateSession, "create_session", self.on_create_session, callback_group=group)
+        self.create_service(DestroySession, "destroy_session", self.on_destroy_session, callback_group=group)
+        self.create_service(ResetSession, "reset_session", self.on_reset_session, callback_group=group)
+        self.create_service(CancelGeneration, "cancel_generation", self.on_cancel_generation, callback_group=group)
+        self.create_timer(1.0 / self.settings.status_rate_hz, self.publish_status, callback_group=group)
+        self.engine_thread = threading.Thread(target=self._engine_loop, name="edge_slm_engine", daemon=True)
+        self.engine_thread.start()
+
+    # ---- engine thread -----------------------------------------------------------------------
+    def _engine_loop(self) -> None:
+        started = time.monotonic()
+        try:
+            engine_config = check_memory_budget(self.settings, self.model_path, self.get_logger())
+            engine = Engine(engine_config)
+        except (MemoryBudgetError, GGUFError, ConfigError, OSError, ValueError) as error:
+            self.fatal_error = str(error)
+            self.state = f"failed: {error}"
+            self.get_logger().fatal(f"engine failed to start: {error}")
+            return
+        self.engine = engine
+        self.state = "ready"
+        stats = engine.stats()
+        self.get_logger().info(
+            f"ready in {time.monotonic() - started:.1f} s: {self.model_path}, KV pool {stats.total_blocks} blocks x "
+            f"{stats.block_size} tokens ({stats.bytes_per_block / 1024:.0f} KiB each), shared prompt "
+            f"{len(engine.prefix_ids)} tokens")
+        while self._early_commands:
+            self.on_command(self._early_commands.popleft())
+        self.publish_status()
+        last_expiry_check = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                worked = engine.step()
+            except Exception as error:           # never let one bad step kill the node
+                self.get_logger().error(f"engine step failed: {type(error).__name__}: {error}")
+                worked = False
+            if not worked:
+                self._wake.wait(0.05)
+                self._wake.clear()
+            if time.monotonic() - last_expiry_check > 1.0:
+                last_expiry_check = time.monotonic()
+                self._expire_idle_sessions()
+
+    def _expire_idle_sessions(self) -> None:
+        timeout = self.settings.session_idle_timeout_s
+        if timeout <= 0:
+            return
+        now = time.monotonic()
+        for session in list(self.engine.sessions.values()):
+            if not session.busy and now - session.last_used > timeout:
+                try:
+                    freed = self.engine.destroy_session(session.session_id)
+                except UnknownSessionError:
+                    continue
+                self.get_logger().info(f"session {session.session_id!r} expired after {timeout:g} s idle, "
+                                       f"{freed} blocks freed")
+                self.publish_status()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.engine_thread.join(timeout=1.5)
+
+    # ---- commands and tokens -----------------------------------------------------------------
+    def on_command(self, command: Command) -> None:
+        if self.engine is None:
+            if self.state.startswith("failed"):
+                self._publish_error(command, f"engine unavailable: {self.state}")
+            elif len(self._early_commands) == self._early_commands.maxlen:
+                self._publish_error(command, "engine still loading and its start-up queue is full")
+            else:
+                self._early_commands.append(command)
+            return
+        try:
+            session_id = convert.check_session_id(command.session_id)
+            if session_id not in self.engine.sessions:
+                if not self.settings.auto_create_sessions:
+                    raise UnknownSessionError(f"unknown session {session_id!r} (auto_create_sessions is false)")
+                self.engine.create_session(session_id)
+                self.publish_status()
+            params = convert.sampling_from_command(command, self.settings.defaults)
+            self.engine.submit(session_id, command.text, params,
+                               on_event=lambda event, rid=command.request_id: self._on_event(event, rid))
+            self._wake.set()
+        except (InvalidRequestError, UnknownSessionError) as error:
+            self._publish_error(command, str(error))
+
+    def _publish_error(self, command: Command, error: str) -> None:
+        self.get_logger().warning(f"command {command.request_id} for session {command.session_id[:64]!r} "
+                                  f"rejected: {error}")
+        self.token_publisher.publish(convert.token_chunk(command.session_id, command.request_id, 0, "",
+                                                         finish_reason="error", error=error))
+
+    def _on_event(self, event, request_id: int) -> None:
+        request = event.request
+        key = request.request_id
+        with self._seq_lock:
+            seq = self._chunk_seq.get(key, 0)
+            self._chunk_seq[key] = seq + 1
+            if event.finish_reason is not None:
+                del self._chunk_seq[key]
+        reason = event.finish_reason.value if event.finish_reason is not None else ""
+        self.token_publisher.publish(convert.token_chunk(request.session_id, request_id, seq, event.text, request,
+                                                         finish_reason=reason, error=event.error))
+        if event.finish_reason is not None:
+            if event.error:
+                self.get_logger().warning(f"request {request_id} of {request.session_id!r} ended "
+                                          f"{reason}: {event.error}")
+            self.publish_status()
+
+    # ---- services ----------------------------------------------------------------------------
+    def _not_ready(self, response):
+        response.success = False
+        response.message = f"engine not ready: {self.state}"
+        return response
+
+    def on_create_session(self, request, response):
+        if self.engine is None:
+            return self._not_ready(response)
+        try:
+            if request.session_id:
+                convert.check_session_id(request.session_id)
+            session = self.engine.create_session(request.session_id, request.system_prompt or None,
+                                                 request.keep_history)
+        except InvalidRequestError as error:
+            response.success, response.message = False, str(error)
+            self.get_logger().warning(f"create_session refused: {error}")
+            return response
+        response.success, response.session_id = True, session.session_id
+        response.prefix_tokens = len(session.prefix_ids)
+        response.shared_blocks = len(session.prefix_ids) // self.engine.config.block_size \
+            if session.uses_shared_prefix else 0
+        response.message = f"session {session.session_id!r} created"
+        self.publish_status()
+        return response
+
+    def _session_call(self, response, action, verb: str):
+        if self.engine is None:
+            return self._not_ready(response)
+        try:
+            result = action()
+        except UnknownSessionError as error:
+            response.success, response.message = False, str(error)
+            self.get_logger().warning(f"{verb} refused: {error}")
+            return response
+        response.success = True
+        if hasattr(response, "freed_blocks"):
+            response.freed_blocks = result
+            response.message = f"{verb}: {result} blocks freed"
+        else:
+            response.message = f"{verb}: {'cancelled' if result else 'nothing was running'}"
+        self.publish_status()
+        return response
+
+    def on_destroy_session(self, request, response):
+        return self._session_call(response, lambda: self.engine.destroy_session(request.session_id), "destroyed")
+
+    def on_reset_session(self, request, response):
+        return self._session_call(response, lambda: self.engine.reset_session(request.session_id), "reset")
+
+    def on_cancel_generation(self, request, response):
+        return self._session_call(response, lambda: self.engine.cancel(request.session_id), "cancel")
+
+    # ---- status ------------------------------------------------------------------------------
+    def publish_status(self) -> None:
+        stamp = self.get_clock().now().to_msg()
+        rss = resident_bytes()
+        stats = self.engine.stats() if self.engine is not None else None
+        if stats is not None:
+            self.status_publisher.publish(convert.pool_status(stats, stamp, rss))
+        self.diagnostics_publisher.publish(convert.diagnostics(stats, stamp, self.get_name(), self.state, rss))
+
+
+def main(args=None) -> int:
+    rclpy.init(args=args)
+    node = None
+    exit_code = 0
+    try:
+        node = EdgeSlmNode()
+        executor = MultiThreadedExecutor(num_threads=4)
+        executor.add_node(node)
+        while rclpy.ok() and not node.fatal_error:
+            executor.spin_once(timeout_sec=0.1)
+        if node.fatal_error:
+            exit_code = 1
+    except (ConfigError, GGUFError, FileNotFoundError) as error:
+        print(f"edge_slm_node: error: {error}", file=sys.stderr)
+        exit_code = 2
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            node.shutdown()
+            node.destroy_node()
+        rclpy.try_shutdown()
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
