@@ -130,19 +130,24 @@ class EdgeSlmNode(Node):
             else:
                 self._early_commands.append(command)
             return
+        created = False
         try:
             session_id = convert.check_session_id(command.session_id)
+            params = convert.sampling_from_command(command, self.settings.defaults)
             if session_id not in self.engine.sessions:
                 if not self.settings.auto_create_sessions:
                     raise UnknownSessionError(f"unknown session {session_id!r} (auto_create_sessions is false)")
                 self.engine.create_session(session_id)
-                self.publish_status()
-            params = convert.sampling_from_command(command, self.settings.defaults)
+                created = True
             self.engine.submit(session_id, command.text, params,
                                on_event=lambda event, rid=command.request_id: self._on_event(event, rid))
             self._wake.set()
         except (InvalidRequestError, UnknownSessionError) as error:
+            if created:                       # a rejected first command leaves no session behind
+                self.engine.destroy_session(command.session_id)
             self._publish_error(command, str(error))
+        if created:
+            self.publish_status()
 
     def _publish_error(self, command: Command, error: str) -> None:
         self.get_logger().warning(f"command {command.request_id} for session {command.session_id[:64]!r} "

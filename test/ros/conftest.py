@@ -25,3 +25,21 @@ def ros_env(ros_interfaces, monkeypatch):
     monkeypatch.delenv('ROS_STATIC_PEERS', raising=False)
     monkeypatch.delenv('ROS_LOCALHOST_ONLY', raising=False)
     return dict(os.environ)
+
+
+@pytest.fixture(scope="module")
+def ros_env_module(ros_interfaces_module):
+    """Like ros_env, for module-scoped fixtures (a node process shared by a module's tests)."""
+    env = dict(os.environ, ROS_DOMAIN_ID=str(DOMAIN_ID), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
+    env.pop("ROS_STATIC_PEERS", None)
+    env.pop("ROS_LOCALHOST_ONLY", None)
+    os.environ.update(ROS_DOMAIN_ID=env["ROS_DOMAIN_ID"], ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST")
+    return env
+
+
+@pytest.fixture(scope="module")
+def ros_interfaces_module():
+    try:
+        import edge_slm_node.msg  # noqa: F401
+    except ImportError as error:
+        pytest.fail(f"edge_slm_node interfaces not importable ({error}); run `bash scripts/test.sh`")

@@ -1,0 +1,131 @@
+"""Start edge_slm_node in its own process and talk to it with real rclpy clients."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 600.0         # model load + numba compile on a cold cache
+REPLY_TIMEOUT_S = 30.0
+
+
+def write_params(directory: Path, **overrides) -> Path:
+    values = {"kv_pool_mb": 8.0, "max_context_tokens": 256, "max_new_tokens": 8, "status_rate_hz": 5.0,
+              "session_idle_timeout_s": 0.0, "max_input_chars": 4000}
+    values.update(overrides)
+    lines = ["/**:", "  ros__parameters:"]
+    for key, value in values.items():
+        lines.append(f"    {key}: {value!r}" if not isinstance(value, bool) else f"    {key}: {str(value).lower()}")
+    path = directory / "params.yaml"
+    path.write_text("\n".join(lines).replace("'", '"') + "\n")
+    return path
+
+
+class NodeProcess:
+    def __init__(self, params_file: Path, env: dict):
+        self.output = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "edge_slm_node.ros.node", "--ros-args", "--params-file", str(params_file)],
+            env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=self.output, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        self.output.flush()
+        self.output.seek(0)
+        return self.output.read()
+
+    def stop(self, sig=signal.SIGINT, timeout=10.0) -> float:
+        started = time.monotonic()
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        return time.monotonic() - started
+
+
+class RosClient:
+    """An rclpy node in a private context with helpers that spin until something happens."""
+
+    def __init__(self, node_process: NodeProcess):
+        import rclpy
+        from rclpy.executors import SingleThreadedExecutor
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+        from edge_slm_node.msg import Command, PoolStatus, TokenChunk
+        from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, ResetSession
+        from diagnostic_msgs.msg import DiagnosticArray
+
+        self.node_process = node_process
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context)
+        self.node = rclpy.create_node("edge_slm_test_client", context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+        self.chunks, self.pools, self.diagnostics = [], [], []
+        self.node.create_subscription(TokenChunk, "tokens", self.chunks.append, qos)
+        self.node.create_subscription(PoolStatus, "pool_status", self.pools.append, 100)
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self.diagnostics.append, 100)
+        self.command_publisher = self.node.create_publisher(Command, "command", qos)
+        self.services = {name: self.node.create_client(kind, name) for name, kind in [
+            ("create_session", CreateSession), ("destroy_session", DestroySession),
+            ("reset_session", ResetSession), ("cancel_generation", CancelGeneration)]}
+        self.types = {"create_session": CreateSession, "destroy_session": DestroySession,
+                      "reset_session": ResetSession, "cancel_generation": CancelGeneration}
+        self.Command = Command
+
+    def close(self):
+        self.executor.shutdown()
+        self.node.destroy_node()
+        import rclpy
+        rclpy.try_shutdown(context=self.context)
+
+    def spin_until(self, predicate, timeout_s, what):
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if self.node_process.process.poll() is not None:
+                raise AssertionError(f"node exited ({self.node_process.process.returncode}) while waiting for "
+                                     f"{what}:\n{self.node_process.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; node log:\n"
+                                     f"{self.node_process.log()[-4000:]}")
+            self.executor.spin_once(timeout_sec=0.05)
+
+    def wait_ready(self):
+        self.spin_until(lambda: any(p.total_blocks > 0 for p in self.pools), READY_TIMEOUT_S, "a pool_status")
+        self.spin_until(lambda: self.command_publisher.get_subscription_count() > 0
+                        and all(c.service_is_ready() for c in self.services.values()), REPLY_TIMEOUT_S,
+                        "command subscription and services")
+
+    def call(self, name, **fields):
+        request = self.types[name].Request(**fields)
+        future = self.services[name].call_async(request)
+        self.spin_until(future.done, REPLY_TIMEOUT_S, f"a {name} response")
+        return future.result()
+
+    def send(self, session_id, text, request_id, **fields):
+        self.command_publisher.publish(self.Command(session_id=session_id, request_id=request_id, text=text,
+                                                    **fields))
+
+    def chunks_of(self, request_id):
+        return [c for c in self.chunks if c.request_id == request_id]
+
+    def wait_done(self, request_id, timeout_s=300.0):
+        self.spin_until(lambda: any(c.done for c in self.chunks_of(request_id)), timeout_s,
+                        f"the final chunk of request {request_id}")
+        self.executor.spin_once(timeout_sec=0.2)           # a duplicate final chunk would show up now
+        return self.chunks_of(request_id)
+
+    def latest_pool(self):
+        return self.pools[-1]
+
+    def wait_pool(self, predicate, what, timeout_s=REPLY_TIMEOUT_S):
+        self.spin_until(lambda: self.pools and predicate(self.pools[-1]), timeout_s, what)
+        return self.pools[-1]
