@@ -49,8 +49,8 @@ class Scheduler:
     def step(self) -> bool:
         e = self.engine
         with e._lock:
-            self._expire_queue()
             self._admit()
+            self._expire_queue()                 # only what could not be admitted times out
             plan = self._plan_batch()
             if plan is None:
                 return False
@@ -171,13 +171,28 @@ class Scheduler:
             session = e.sessions[request.session_id]
             if session.active is not None or session.queued[0] is not request:
                 continue
-            try:
-                admitted = self._start(request, session)
-            except NoFreeBlocksError:
-                return                          # FIFO: wait for blocks before admitting later ones
+            while True:
+                try:
+                    admitted = self._start(request, session)
+                    break
+                except NoFreeBlocksError:
+                    if not self._release_idle_session_kv(keep=session):
+                        return                  # FIFO: wait for blocks before admitting later ones
             if admitted:
                 e.queue.remove(request)
                 session.queued.popleft()
+
+    def _release_idle_session_kv(self, keep) -> bool:
+        """Free the KV of the least recently used idle session (its history stays in messages and
+        its blocks stay in the prefix cache until evicted); -> whether one was released."""
+        e = self.engine
+        idle = [s for s in e.sessions.values() if s.has_kv and s.active is None and s is not keep]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda s: s.last_used)
+        e.kv.free(victim.session_id)
+        victim.has_kv = False
+        return True
 
     def _start(self, request: Request, session) -> bool:
         """Tokenize the turn and reserve its blocks; False if it finished with an error instead."""
@@ -203,8 +218,10 @@ class Scheduler:
                         f"prompt needs {needed} KV blocks, pool has {e.kv.stats().total_blocks} "
                         f"({e.kv.stats().pinned_blocks} pinned); raise kv_pool_mb")
             return False
-        if not session.has_kv and session.uses_shared_prefix and prompt[:len(e.prefix_ids)] == e.prefix_ids \
-                and e.kv.has_seq(PREFIX_SEQ_KEY):
+        fresh_session = not session.messages and request.preemptions == 0
+        if not session.has_kv and fresh_session and session.uses_shared_prefix \
+                and prompt[:len(e.prefix_ids)] == e.prefix_ids and e.kv.has_seq(PREFIX_SEQ_KEY):
+            # share the pinned prompt blocks, copy its partly filled last block on first write
             e.kv.fork(PREFIX_SEQ_KEY, sid)
             session.has_kv = True
         if session.has_kv:
@@ -212,7 +229,7 @@ class Scheduler:
             e.kv.truncate(sid, done)
             e.arena.copy_blocks(e.kv.reserve(sid, len(prompt) - done))
             request.cached_prompt_tokens = done
-        else:
+        else:                                # history to rebuild: reuse whatever the prefix cache holds
             request.cached_prompt_tokens = e.kv.allocate_prompt(sid, prompt)
             session.has_kv = True
         request.prefill_done = request.cached_prompt_tokens
