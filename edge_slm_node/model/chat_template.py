@@ -2,7 +2,8 @@
 
 The environment matches what transformers' ``apply_chat_template`` and llama-cpp-python's
 ``Jinja2ChatFormatter`` use: an immutable sandbox with ``trim_blocks`` and ``lstrip_blocks``,
-the ``loopcontrols`` extension, a ``raise_exception(message)`` helper, ``strftime_now(format)``
+the ``loopcontrols`` extension, ``{% generation %}`` blocks rendered as plain content, a
+``raise_exception(message)`` helper, ``strftime_now(format)``
 and a ``tojson`` filter that keeps non-ASCII text. Variables: ``messages``, ``bos_token``,
 ``eos_token``, ``add_generation_prompt`` plus any extra keyword arguments of ``render``.
 
@@ -17,7 +18,7 @@ from datetime import datetime
 from typing import Any, Mapping, Optional, Sequence
 
 import jinja2
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 CHATML_TEMPLATE = (
@@ -26,6 +27,16 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+class _GenerationBlock(Extension):
+    """``{% generation %}...{% endgeneration %}`` (a transformers training marker) renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)  # the tag name
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 class ChatTemplateError(ValueError):
@@ -54,7 +65,7 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
         environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols], undefined=jinja2.Undefined
+            trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationBlock]
         )
         environment.filters["tojson"] = _tojson
         environment.globals["raise_exception"] = _raise_exception

@@ -71,8 +71,9 @@ def test_tensor_info_offset_points_at_first_tensor_name(tmp_path):
     assert header.tensor_count == 3
 
 
-def test_matches_gguf_reader_on_written_file(tmp_path):
-    path = write_gguf(tmp_path / "reader.gguf")
+@pytest.mark.parametrize("endianess", [GGUFEndian.LITTLE, GGUFEndian.BIG])
+def test_matches_gguf_reader_on_written_file(tmp_path, endianess):
+    path = write_gguf(tmp_path / "reader.gguf", endianess)
     assert read_metadata(path) == metadata_from_reader(GGUFReader(str(path)))
 
 
