@@ -1,0 +1,166 @@
+"""Quantized matmul speed on the real SmolLM2 shapes: GGUF-layout reference vs packed kernels.
+
+    python bench/bench_matmul.py [--tokens 1 64] [--rounds 7] [--no-reference]
+
+Variants are timed interleaved in one process (round-robin, median of per-round medians), at
+1 and 2 numba threads. The weights of one matrix stay cache-resident between calls; the
+"decode pass" rows run every layer's matmuls plus the output head in model order, so the
+weights stream from memory as in real decoding (T=1): per layer 7 calls (q, k, v, o, gate,
+up, down) unfused, or 4 (qkv, o, gate|up, down) fused.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from edge_slm_node.kernels import matmul  # noqa: E402
+from edge_slm_node.kernels.half import HALF_TO_FLOAT  # noqa: E402
+from edge_slm_node.model.linear import FusedLinear, PreparedInput  # noqa: E402
+from edge_slm_node.model.loader import load_model  # noqa: E402
+from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0  # noqa: E402
+
+
+def reference_apply(linear, prepared, out):
+    """The GGUF-layout kernels (pre-repack) on the file bytes."""
+    quant = linear.quant
+    if quant is Q4_1:
+        matmul.matmul_q4_1(linear.raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+    elif quant is Q4_0:
+        matmul.matmul_q4_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+    elif quant is Q8_0:
+        matmul.matmul_q8_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+
+
+@njit(parallel=True)
+def empty_region(a):
+    for i in prange(a.shape[0]):
+        a[i] += 1.0
+
+
+def time_calls(fn, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved(candidates: dict, rounds: int, budget: float = 0.02) -> dict:
+    """name -> (threads, fn): median seconds per call over rounds, variants alternating."""
+    calls = {}
+    for name, (threads, fn) in candidates.items():
+        numba.set_num_threads(threads)
+        fn()
+        calls[name] = max(1, min(200, int(budget / max(time_calls(fn, 1), 1e-7))))
+    samples = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, (threads, fn) in candidates.items():
+            numba.set_num_threads(threads)
+            samples[name].append(time_calls(fn, calls[name]))
+    return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def row(shape: str, variant: str, threads: int, seconds: float, macs: float) -> None:
+    print(f"{shape:<22} {variant:<22} {threads:>7} {seconds * 1e6:>12.1f} {macs / seconds / 1e9:>8.2f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-reference", action="store_true", help="skip the slow GGUF-layout kernels")
+    args = parser.parse_args()
+
+    model = load_model()
+    weights, config = model.weights, model.config
+    layer = weights.layers[0]
+    qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
+    gate_up = [FusedLinear([l.gate, l.up]) for l in weights.layers]
+    print(f"numba {numba.__version__}, threading layer ", end="")
+    probe = np.zeros(2)
+    empty_region(probe)
+    print(f"{numba.threading_layer()}, max threads {numba.config.NUMBA_NUM_THREADS}")
+    region = interleaved({f"{n}": (n, lambda: empty_region(probe)) for n in (1, 2)}, args.rounds)
+    print("empty prange region: " + ", ".join(f"{n} thread(s) {s * 1e6:.1f} us" for n, s in region.items()))
+
+    rng = np.random.default_rng(0)
+    print(f"\n{'shape':<22} {'variant':<22} {'threads':>7} {'median us':>12} {'GMAC/s':>8}")
+    singles = [("q 576x576", layer.q), ("k 192x576", layer.k), ("o 576x576", layer.o),
+               ("gate 1536x576", layer.gate), ("down 576x1536", layer.down),
+               ("head 49152x576 Q8_0", weights.output)]
+    fused = [("qkv 960x576 fused", qkv[0]), ("gate|up 3072x576 fused", gate_up[0])]
+    for tokens in args.tokens:
+        print(f"-- T = {tokens}")
+        for shape, linear in singles + fused:
+            parts = linear.parts if isinstance(linear, FusedLinear) else [linear]
+            k = parts[0].in_features
+            prepared = PreparedInput(tokens, k, True, False).prepare(rng.standard_normal((tokens, k)).astype(np.float32))
+            outs = tuple(np.zeros((tokens, p.out_features), np.float32) for p in parts)
+            macs = tokens * k * sum(p.out_features for p in parts)
+            candidates = {}
+            for threads in (1, 2):
+                if isinstance(linear, FusedLinear):
+                    candidates[("packed fused", threads)] = (threads, lambda: linear.apply(prepared, outs))
+                    candidates[("packed separate", threads)] = (
+                        threads, lambda: [p.apply(prepared, o) for p, o in zip(parts, outs)])
+                else:
+                    candidates[("packed", threads)] = (threads, lambda: linear.apply(prepared, outs[0]))
+                    if not args.no_reference:
+                        candidates[("reference", threads)] = (threads, lambda: reference_apply(linear, prepared, outs[0]))
+            result = interleaved(candidates, args.rounds)
+            for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                row(shape, variant, threads, seconds, macs)
+
+    print("-- decode pass (T=1, all 30 layers + head, weights streamed from memory)")
+    hidden, inter = config.hidden_size, config.intermediate_size
+    x_hidden = PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
+    x_inter = PreparedInput(1, inter, True, False).prepare(rng.standard_normal((1, inter)).astype(np.float32))
+    x_head = PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
+    q, k, v = (np.zeros((1, n), np.float32) for n in (config.q_size, config.kv_size, config.kv_size))
+    o, g, u, d = (np.zeros((1, n), np.float32) for n in (hidden, inter, inter, hidden))
+    logits = np.zeros((1, config.vocab_size), np.float32)
+
+    def separate():
+        for l in weights.layers:
+            l.q.apply(x_hidden, q), l.k.apply(x_hidden, k), l.v.apply(x_hidden, v), l.o.apply(x_hidden, o)
+            l.gate.apply(x_hidden, g), l.up.apply(x_hidden, u), l.down.apply(x_inter, d)
+        weights.output.apply(x_head, logits)
+
+    def fused_pass():
+        for i, l in enumerate(weights.layers):
+            qkv[i].apply(x_hidden, (q, k, v))
+            l.o.apply(x_hidden, o)
+            gate_up[i].apply(x_hidden, (g, u))
+            l.down.apply(x_inter, d)
+        weights.output.apply(x_head, logits)
+
+    def reference_pass():
+        for l in weights.layers:
+            for linear, x, out in ((l.q, x_hidden, q), (l.k, x_hidden, k), (l.v, x_hidden, v), (l.o, x_hidden, o),
+                                   (l.gate, x_hidden, g), (l.up, x_hidden, u), (l.down, x_inter, d)):
+                reference_apply(linear, x, out)
+        reference_apply(weights.output, x_head, logits)
+
+    layer_macs = sum(p.in_features * p.out_features for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down))
+    macs = config.num_layers * layer_macs + hidden * config.vocab_size
+    candidates = {}
+    for threads in (1, 2):
+        candidates[("packed fused, 4/layer", threads)] = (threads, fused_pass)
+        candidates[("packed, 7/layer", threads)] = (threads, separate)
+        if not args.no_reference:
+            candidates[("reference, 7/layer", threads)] = (threads, reference_pass)
+    result = interleaved(candidates, max(3, args.rounds // 2), budget=0.2)
+    for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row(f"decode pass {macs / 1e6:.0f}M MAC", variant, threads, seconds, macs)
+        print(f"{'':<22} {'':<22} {'':>7} {'-> matmul-only tokens/s':>12} {1 / seconds:.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Quantized matmuls: packed kernels bit-equal to the GGUF-layout kernels, close to NumPy."""
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from numba import njit
+
+from edge_slm_node.kernels import matmul
+from edge_slm_node.kernels.half import HALF_TO_FLOAT
+from edge_slm_node.kernels.quantize import quantize_rows_q8
+from edge_slm_node.kernels.repack import repack, unpack
+from edge_slm_node.model.linear import FusedLinear, PreparedInput, QuantizedLinear, release_file_pages
+from edge_slm_node.model.quant import F16, F32, Q4_0, Q4_1, Q8_0, dequantize, quantize
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# The kernels as they were before repacking (serial copies), frozen here as the bitwise reference.
+@njit
+def _original_q4_1(weights, xq, xd, xs, half_to_float, out):
+    for r in range(weights.shape[0]):
+        row = weights[r]
+        for t in range(xd.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(xd.shape[1]):
+                base = b * 20
+                d = half_to_float[np.int64(row[base]) | (np.int64(row[base + 1]) << 8)]
+                m = half_to_float[np.int64(row[base + 2]) | (np.int64(row[base + 3]) << 8)]
+                isum = np.int32(0)
+                for j in range(16):
+                    byte = np.int32(row[base + 4 + j])
+                    isum += (byte & 15) * np.int32(xq[t, b * 32 + j]) + (byte >> 4) * np.int32(xq[t, b * 32 + 16 + j])
+                acc += d * xd[t, b] * np.float32(isum) + m * xs[t, b]
+            out[t, r] = acc
+
+
+@njit
+def _original_q4_0(weights, xq, xd, half_to_float, out):
+    for r in range(weights.shape[0]):
+        row = weights[r]
+        for t in range(xd.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(xd.shape[1]):
+                base = b * 18
+                d = half_to_float[np.int64(row[base]) | (np.int64(row[base + 1]) << 8)]
+                isum = np.int32(0)
+                for j in range(16):
+                    byte = np.int32(row[base + 2 + j])
+                    isum += ((byte & 15) - 8) * np.int32(xq[t, b * 32 + j]) + ((byte >> 4) - 8) * np.int32(xq[t, b * 32 + 16 + j])
+                acc += d * xd[t, b] * np.float32(isum)
+            out[t, r] = acc
+
+
+@njit
+def _original_q8_0(weights, xq, xd, half_to_float, out):
+    signed = weights.view(np.int8)
+    for r in range(weights.shape[0]):
+        for t in range(xd.shape[0]):
+            acc = np.float32(0.0)
+            for b in range(xd.shape[1]):
+                base = b * 34
+                d = half_to_float[np.int64(weights[r, base]) | (np.int64(weights[r, base + 1]) << 8)]
+                isum = np.int32(0)
+                for j in range(32):
+                    isum += np.int32(signed[r, base + 2 + j]) * np.int32(xq[t, b * 32 + j])
+                acc += d * xd[t, b] * np.float32(isum)
+            out[t, r] = acc
+
+
+def _original(raw, quant, prepared):
+    out = np.zeros((prepared.num_tokens, raw.shape[0]), np.float32)
+    if quant is Q4_1:
+        _original_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+    elif quant is Q4_0:
+        _original_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+    else:
+        _original_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+    return out
+
+
+def _gguf_reference_kernel(raw, quant, prepared):
+    out = np.zeros((prepared.num_tokens, raw.shape[0]), np.float32)
+    if quant is Q4_1:
+        matmul.matmul_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+    elif quant is Q4_0:
+        matmul.matmul_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+    else:
+        matmul.matmul_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+    return out
+
+
+def _numpy_reference(raw, quant, prepared):
+    """float64 dequantize(W) @ dequantized activations (+ Q4_1's m*xs term as the kernels use it);
+    also returns |W| @ |x|, the scale of the rounding error a float32 accumulation may make."""
+    weights = dequantize(raw, quant).astype(np.float64)
+    blocks = prepared.xd.shape[1]
+    xq = prepared.xq.astype(np.float64).reshape(prepared.num_tokens, blocks, 32)
+    x = (xq * prepared.xd[:, :, None]).reshape(prepared.num_tokens, -1)
+    ref = x @ weights.T
+    if quant is Q4_1:   # dequantize's m*sum(x) -> m*xs (xs = fp16(d*sum(q)), as the kernels use)
+        m = raw.reshape(-1, 20)[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(raw.shape[0], blocks)
+        correction = prepared.xs - prepared.xd * xq.sum(axis=2)
+        ref += correction @ m.T
+    return ref, np.abs(x) @ np.abs(weights).T
+
+
+def _prepared(tokens, length, seed):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((tokens, length)) * rng.uniform(0.1, 3.0, (tokens, 1))).astype(np.float32)
+    return PreparedInput(tokens, length, True, False).prepare(x)
+
+
+def _raw(quant, rows, length, seed):
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((rows, length)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
+    return quantize(weights.astype(np.float32), quant)
+
+
+@pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 7, 8, 13, 37])
+@pytest.mark.parametrize("length", [32, 64, 576, 1536])
+@pytest.mark.parametrize("tokens", [1, 3, 17])
+def test_packed_kernels_bit_equal_to_gguf_kernels(quant, rows, length, tokens):
+    raw = _raw(quant, rows, length, seed=rows * 1000 + length)
+    prepared = _prepared(tokens, length, seed=tokens)
+    linear = QuantizedLinear("w", raw, quant, length)
+    out = np.full((tokens, rows), np.nan, np.float32)
+    linear.apply(prepared, out)
+    original = _original(raw, quant, prepared)
+    np.testing.assert_array_equal(out, original)
+    np.testing.assert_array_equal(_gguf_reference_kernel(raw, quant, prepared), original)
+    ref, scale = _numpy_reference(raw, quant, prepared)
+    assert np.all(np.abs(out - ref) <= 1e-3 * np.abs(ref) + 1e-5 * scale)
+
+
+@pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [0, 5, 8, 21])
+def test_repack_keeps_every_byte(quant, rows):
+    raw = _raw(quant, max(rows, 1), 96, seed=rows)[:rows]
+    packed, tail = repack(raw, quant)
+    assert packed.nbytes + tail.nbytes == raw.nbytes
+    np.testing.assert_array_equal(unpack(packed, tail, quant), raw)
+
+
+@pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("part_rows", [(64, 16, 16), (24, 13), (8, 8, 8), (13, 8)])
+@pytest.mark.parametrize("tokens", [1, 6])
+def test_fused_linear_equals_separate_parts(quant, part_rows, tokens):
+    length = 128
+    parts = [QuantizedLinear(f"p{i}", _raw(quant, rows, length, seed=i), quant, length) for i, rows in enumerate(part_rows)]
+    prepared = _prepared(tokens, length, seed=7)
+    separate = [np.zeros((tokens, p.out_features), np.float32) for p in parts]
+    for part, out in zip(parts, separate):
+        part.apply(prepared, out)
+    fused = FusedLinear(parts)
+    assert fused.fused == all(rows % 8 == 0 for rows in part_rows[:-1])
+    outs = [np.full((tokens, p.out_features), np.nan, np.float32) for p in parts]
+    fused.apply(prepared, outs)
+    for got, want, part in zip(outs, separate, parts):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, _original(part.raw, quant, prepared))
+    for part, out in zip(parts, separate):         # the parts still work alone (packed are views)
+        again = np.zeros_like(out)
+        part.apply(prepared, again)
+        np.testing.assert_array_equal(again, out)
+
+
+def test_fused_linear_of_float_weights_applies_parts():
+    rng = np.random.default_rng(3)
+    w = [rng.standard_normal((n, 64)).astype(np.float32) for n in (16, 8)]
+    parts = [QuantizedLinear("a", quantize(w[0], F32), F32, 64), QuantizedLinear("b", quantize(w[1], F16), F16, 64)]
+    fused = FusedLinear(parts)
+    assert not fused.fused and fused.needs_half
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    prepared = PreparedInput(3, 64, fused.needs_q8, fused.needs_half).prepare(x)
+    outs = [np.zeros((3, 16), np.float32), np.zeros((3, 8), np.float32)]
+    fused.apply(prepared, outs)
+    np.testing.assert_allclose(outs[0], x @ w[0].T, rtol=1e-5, atol=1e-5)
+    half = x.astype(np.float16).astype(np.float64) @ w[1].astype(np.float16).astype(np.float64).T
+    np.testing.assert_allclose(outs[1], half, rtol=1e-4, atol=1e-4)
+
+
+def test_apply_rejects_wrong_output():
+    linear = QuantizedLinear("w", _raw(Q4_1, 16, 64, seed=1), Q4_1, 64)
+    prepared = _prepared(2, 64, seed=1)
+    with pytest.raises(ValueError, match="shape"):
+        linear.apply(prepared, np.zeros((2, 15), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        linear.apply(prepared, np.zeros((16, 2), np.float32).T)
+
+
+def test_release_file_pages_only_touches_file_mappings(tmp_path):
+    raw = _raw(Q4_1, 4096, 64, seed=5)
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"\0" * 100 + raw.tobytes())
+    with open(path, "rb") as handle:
+        mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(memoryview(mapping), np.uint8, count=raw.size, offset=100).reshape(raw.shape)
+    linear = QuantizedLinear("w", view, Q4_1, 64)            # repacks, then releases the pages
+    assert release_file_pages(view)
+    np.testing.assert_array_equal(view, raw)                 # pages come back from the file
+    in_memory = raw.copy()
+    assert not release_file_pages(in_memory)
+    np.testing.assert_array_equal(in_memory, raw)
+    assert linear.nbytes == raw.nbytes
+    del view, linear
+
+
+_GENERIC_CHECK = textwrap.dedent("""
+    import numpy as np
+    from test_matmul import _original, _prepared, _raw
+    from edge_slm_node.model.linear import QuantizedLinear
+    from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0
+    for quant in (Q4_0, Q4_1, Q8_0):
+        for rows, length, tokens in ((13, 64, 1), (37, 576, 17)):
+            raw = _raw(quant, rows, length, seed=rows)
+            prepared = _prepared(tokens, length, seed=tokens)
+            out = np.zeros((tokens, rows), np.float32)
+            QuantizedLinear("w", raw, quant, length).apply(prepared, out)
+            assert np.array_equal(out, _original(raw, quant, prepared)), (quant.name, rows, length, tokens)
+    print("generic ok")
+""")
+
+
+def test_generic_vector_code_without_avx2_is_bit_equal():
+    """The non-x86 / pre-AVX2 code path, compiled for a generic x86-64 CPU in a subprocess."""
+    path = os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "test", "kernels")])
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", PYTHONPATH=path)
+    result = subprocess.run([sys.executable, "-c", _GENERIC_CHECK], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0 and "generic ok" in result.stdout, result.stderr[-3000:]
