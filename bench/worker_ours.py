@@ -1,0 +1,89 @@
+"""One measurement run of edge_slm_node's engine; prints one JSON line. Driven by bench_speed.py."""
+import json
+import resource
+import sys
+import time
+
+STARTED = time.monotonic()
+sys.path.insert(0, __import__("os").path.join(__import__("os").path.dirname(__file__), ".."))
+
+from edge_slm_node.engine.config import EngineConfig          # noqa: E402
+from edge_slm_node.engine.config_files import default_system_prompt   # noqa: E402
+from edge_slm_node.engine.engine import Engine                # noqa: E402
+from edge_slm_node.engine.sampling import SamplingParams      # noqa: E402
+
+from common import COMMAND_16, DECODE_TOKENS, long_prompt      # noqa: E402
+
+
+def faults():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt + usage.ru_majflt
+
+
+def run_one(engine, session_id, text, params, raw=False):
+    request = engine.submit(session_id, text, params, raw=raw)
+    while not request.done:
+        engine.step()
+    return request
+
+
+def main():
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    engine = Engine(EngineConfig(kv_pool_mb=96, max_context_tokens=1024, num_threads=threads,
+                                 system_prompt=default_system_prompt()))
+    startup_s = time.monotonic() - STARTED
+    decode = SamplingParams(max_new_tokens=DECODE_TOKENS, ignore_eos=True)
+    # warm-up (JIT already cached on disk; this touches every code path once)
+    engine.create_session("warm")
+    run_one(engine, "warm", COMMAND_16, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    engine.destroy_session("warm")
+
+    engine.create_session("ttft")
+    shared = run_one(engine, "ttft", COMMAND_16, SamplingParams(max_new_tokens=1))
+    engine.destroy_session("ttft")
+
+    engine.create_session("decode", system_prompt="")
+    before = faults()
+    single = run_one(engine, "decode", "Explain what G01 does.", decode, raw=True)
+    faults_per_token = (faults() - before) / max(single.decode_steps, 1)
+    engine.destroy_session("decode")
+
+    engine.create_session("prefill", system_prompt="")
+    prefill = run_one(engine, "prefill", long_prompt(engine.tokenizer), SamplingParams(max_new_tokens=1), raw=True)
+    engine.destroy_session("prefill")
+
+    names = [f"s{i}" for i in range(4)]
+    for name in names:
+        engine.create_session(name, system_prompt="")
+    started = time.monotonic()
+    batch = [engine.submit(name, f"Describe alarm {100 + i} on a CNC mill.", decode, raw=True)
+             for i, name in enumerate(names)]
+    while not all(r.done for r in batch):
+        engine.step()
+    wall = time.monotonic() - started
+    aggregate = sum(r.decode_steps for r in batch) / sum(r.decode_seconds for r in batch) * len(batch) \
+        if all(r.decode_seconds for r in batch) else 0.0
+    per_session_ms = 1000.0 * sum(r.decode_seconds / r.decode_steps for r in batch) / len(batch)
+
+    cold_engine = Engine(EngineConfig(kv_pool_mb=32, max_context_tokens=1024, num_threads=threads,
+                                      system_prompt=None, enable_prefix_cache=False), model=engine.model)
+    cold_engine.create_session("cold", system_prompt=default_system_prompt())
+    cold = run_one(cold_engine, "cold", COMMAND_16, SamplingParams(max_new_tokens=1))
+    print(json.dumps({
+        "startup_s": startup_s,
+        "decode_tps": single.decode_tokens_per_s,
+        "prefill_tps": (len(prefill.prompt_ids) - prefill.cached_prompt_tokens) / prefill.prefill_seconds,
+        "prefill_tokens": len(prefill.prompt_ids),
+        "ttft_shared_ms": shared.ttft_ms,
+        "ttft_cold_ms": cold.ttft_ms,
+        "ttft_prompt_tokens": len(shared.prompt_ids),
+        "aggregate4_tps": aggregate,
+        "aggregate4_wall_tps": sum(r.decode_steps for r in batch) / wall,
+        "per_session4_ms": per_session_ms,
+        "single_ms": 1000.0 / single.decode_tokens_per_s,
+        "faults_per_token": faults_per_token,
+    }))
+
+
+if __name__ == "__main__":
+    main()
