@@ -323,7 +323,11 @@ class Scheduler:
         if not session.has_kv:
             return
         committed = e.kv.num_tokens(sid)
-        # with history, stale tail tokens are trimmed by the next turn's common-prefix match
-        keep = committed if session.keep_history else min(committed, len(session.prefix_ids))
-        e.kv.truncate(sid, keep)
+        if not session.keep_history:
+            keep = len(session.prefix_ids)
+        elif completed:
+            keep = committed
+        else:                               # cancelled / failed turn: free its blocks now
+            keep = request.cached_prompt_tokens
+        e.kv.truncate(sid, min(committed, keep))
 

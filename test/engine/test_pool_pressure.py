@@ -144,3 +144,58 @@ def test_sharing_and_caching_do_not_change_output(tiny):
     run(plain, [request])
     assert outputs[0] == outputs[1] == request.generated_ids
     assert shared.stats().shared_blocks > 0 and plain.stats().shared_blocks == 0
+
+
+def test_cancel_during_prefill_and_decode_frees_blocks_at_once(tiny):
+    engine = make(tiny, 64, max_batch_tokens=16)
+    baseline = engine.stats()
+    engine.create_session("a")
+    request = engine.submit("a", "spindle warmup " * 4, LONG)
+    engine.step()
+    assert request.state.value == "prefill" and engine.stats().used_blocks > baseline.used_blocks
+    assert engine.cancel("a")
+    assert request.finish_reason is FinishReason.CANCELLED and request.events[-1].finish_reason is FinishReason.CANCELLED
+    assert engine.kv.num_tokens("a") <= len(engine.sessions["a"].prefix_ids)
+    request = engine.submit("a", "home the Z axis", LONG)
+    while request.state.value != "decode":
+        engine.step()
+    engine.step()
+    assert engine.cancel("a") and request.finish_reason is FinishReason.CANCELLED
+    assert not engine.cancel("a"), "nothing left to cancel"
+    check(engine)
+    engine.destroy_session("a")
+    assert engine.stats().used_blocks == baseline.used_blocks
+
+
+def test_destroy_during_generation_and_queued_requests(tiny):
+    engine = make(tiny, 64)
+    baseline = engine.stats()
+    engine.create_session("a")
+    engine.create_session("b")
+    running = engine.submit("a", "home the Z axis", LONG)
+    queued = engine.submit("a", "open the door", LONG)
+    other = engine.submit("b", "check the coolant level", LONG)
+    for _ in range(5):
+        engine.step()
+    engine.destroy_session("a")
+    assert running.finish_reason is FinishReason.CANCELLED and queued.finish_reason is FinishReason.CANCELLED
+    run(engine, [other])
+    assert other.finish_reason is FinishReason.LENGTH
+    engine.destroy_session("b")
+    assert engine.stats().used_blocks == baseline.used_blocks
+
+
+def test_idle_session_kv_is_released_for_a_waiting_request(tiny):
+    engine = make(tiny, 20)
+    engine.create_session("idle")
+    done = engine.submit("idle", "home the Z axis", LONG)
+    run(engine, [done])
+    assert engine.sessions["idle"].has_kv
+    engine.create_session("new")
+    waiting = engine.submit("new", "spindle warmup " * 6, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    run(engine, [waiting])
+    assert waiting.finish_reason is FinishReason.LENGTH
+    assert not engine.sessions["idle"].has_kv and engine.sessions["idle"].messages
+    again = engine.submit("idle", "and the X axis", SamplingParams(max_new_tokens=4, ignore_eos=True))
+    run(engine, [again])
+    assert again.finish_reason is FinishReason.LENGTH and again.cached_prompt_tokens > 0
