@@ -86,7 +86,8 @@ def main() -> None:
     print(f"numba {numba.__version__}, threading layer ", end="")
     probe = np.zeros(2)
     empty_region(probe)
-    print(f"{numba.threading_layer()}, max threads {numba.config.NUMBA_NUM_THREADS}")
+    print(f"{numba.threading_layer()}, max threads {numba.config.NUMBA_NUM_THREADS}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load average {os.getloadavg()[0]:.1f}")
     region = interleaved({f"{n}": (n, lambda: empty_region(probe)) for n in (1, 2)}, args.rounds)
     print("empty prange region: " + ", ".join(f"{n} thread(s) {s * 1e6:.1f} us" for n, s in region.items()))
 

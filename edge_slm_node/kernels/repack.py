@@ -375,6 +375,21 @@ def zeros_f32x8(typingctx):
 
 
 @intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint: bring the cache line of byte arr[index] (contiguous 1-D byte array) into cache."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(8))
+        fn_type = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fn_type, "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, index), codegen
+
+
+@intrinsic
 def store_f32x8(typingctx, arr, index, v):
     """arr[index:index+8] = v for a contiguous 1-D float32 array."""
     if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.float32

@@ -163,7 +163,9 @@ class FusedLinear:
                       and all(p.tail.shape[0] == 0 for p in self.parts[:-1]))
         self.packed = self.tail = None
         if self.fused:
-            self.packed = np.concatenate([p.packed for p in self.parts], axis=0)
+            self.packed = _adjacent_rows([p.packed for p in self.parts])
+            if self.packed is None:
+                self.packed = np.concatenate([p.packed for p in self.parts], axis=0)
             self.tail = self.parts[-1].tail
             ends = np.cumsum([p.packed.shape[0] for p in self.parts])
             starts = ends - [p.packed.shape[0] for p in self.parts]
@@ -191,6 +193,20 @@ class FusedLinear:
         for part, out in zip(self.parts, outs):
             _check_out(out, prepared, part.out_features, part.name)
         _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self._part_ends)
+
+
+def _adjacent_rows(arrays):
+    """The one array whose consecutive row slices `arrays` are (parts fused before), else None."""
+    base = arrays[0].base
+    if base is None or any(a.base is not base for a in arrays):
+        return None
+    for before, after in zip(arrays, arrays[1:]):
+        if before.ctypes.data + before.nbytes != after.ctypes.data:
+            return None
+    first = (arrays[0].ctypes.data - base.ctypes.data) // base.strides[0]
+    rows = sum(a.shape[0] for a in arrays)
+    view = base[first:first + rows]
+    return view if view.ctypes.data == arrays[0].ctypes.data else None
 
 
 def _check_out(out: np.ndarray, prepared: PreparedInput, rows: int, name: str) -> None:

@@ -167,6 +167,8 @@ def test_fused_linear_equals_separate_parts(quant, part_rows, tokens):
         again = np.zeros_like(out)
         part.apply(prepared, again)
         np.testing.assert_array_equal(again, out)
+    if fused.fused:                                 # fusing the same parts again copies nothing
+        assert FusedLinear(parts).packed.ctypes.data == fused.packed.ctypes.data
 
 
 def test_fused_linear_of_float_weights_applies_parts():
