@@ -30,7 +30,7 @@ def used_kv_bytes(model, sessions: int, shared: bool) -> int:
     prompt = default_system_prompt()
     engine = Engine(EngineConfig(kv_pool_mb=400, max_context_tokens=MAX_CONTEXT, max_sessions=sessions,
                                  system_prompt=prompt if shared else None, enable_prefix_cache=shared,
-                                 max_running=min(8, sessions)), model=model)
+                                 max_running=min(8, sessions), queue_timeout_s=3600), model=model)
     requests = []
     for index in range(sessions):
         session_id = f"s{index}"
@@ -39,6 +39,9 @@ def used_kv_bytes(model, sessions: int, shared: bool) -> int:
                                       SamplingParams(max_new_tokens=ANSWER_TOKENS, ignore_eos=True)))
     while not all(r.done for r in requests):
         engine.step()
+    failed = [r.error for r in requests if r.finish_reason.value != "length"]
+    if failed:
+        sys.exit(f"{len(failed)} of {sessions} exchanges did not complete: {failed[0]}")
     stats = engine.stats()
     return stats.used_blocks * stats.bytes_per_block, stats.bytes_per_token
 

@@ -22,7 +22,7 @@ from ..model.loader import LoadedModel, load_model
 from ..model.transformer import Transformer
 from ..model.utf8_stream import Utf8StreamDecoder
 from .batch import BatchBuilder
-from .config import EngineConfig
+from .config import ConfigError, EngineConfig
 from .request import FinishReason, Request, RequestState, TokenEvent
 from .sampling import InvalidRequestError, Sampler, SamplingParams
 from .scheduler import PREFIX_SEQ_KEY, Scheduler
@@ -62,6 +62,9 @@ class Engine:
         self.scheduler = Scheduler(self)
         if config.system_prompt:
             self.prefix_ids = self.render_prefix(config.system_prompt)
+            if len(self.prefix_ids) >= self.max_context:
+                raise ConfigError(f"system prompt is {len(self.prefix_ids)} tokens; max_context_tokens="
+                                  f"{self.max_context} leaves no room for a conversation")
             self.scheduler.prefill_shared_prefix(PREFIX_SEQ_KEY, self.prefix_ids)
 
     # ---- prompts -------------------------------------------------------------------------
@@ -86,13 +89,13 @@ class Engine:
                 raise InvalidRequestError(f"session {session_id!r} already exists")
             if len(self.sessions) >= self.config.max_sessions:
                 raise InvalidRequestError(f"max_sessions={self.config.max_sessions} reached; destroy a session first")
+            if system_prompt is not None and len(system_prompt) > self.config.max_input_chars:
+                raise InvalidRequestError(f"system prompt has {len(system_prompt)} characters, "
+                                          f"limit max_input_chars={self.config.max_input_chars}")
             if system_prompt is None:
                 system_prompt = self.config.system_prompt or None
             elif system_prompt == "":
                 system_prompt = None
-            if system_prompt is not None and len(system_prompt) > self.config.max_input_chars:
-                raise InvalidRequestError(f"system prompt has {len(system_prompt)} characters, "
-                                          f"limit max_input_chars={self.config.max_input_chars}")
             shared = system_prompt is not None and system_prompt == self.config.system_prompt
             prefix = self.prefix_ids if shared else (self.render_prefix(system_prompt) if system_prompt else [])
             if len(prefix) >= self.max_context:
@@ -108,28 +111,29 @@ class Engine:
         return session
 
     def destroy_session(self, session_id: str) -> int:
-        """Cancel its requests, return every block; -> blocks freed."""
+        """Cancel its requests, return every block; -> blocks returned to the pool."""
         with self._lock:
             session = self._session(session_id)
             self._wait_out_of_forward(session_id)
+            available = self.kv.pool.num_available
             self._cancel_all(session, "session destroyed")
-            freed = self.kv.free(session_id) if session.has_kv else 0
+            if session.has_kv:
+                self.kv.free(session_id)
             del self.sessions[session_id]
-            return freed
+            return self.kv.pool.num_available - available
 
     def reset_session(self, session_id: str) -> int:
-        """Forget the conversation, keep the system prompt; -> blocks freed."""
+        """Forget the conversation, keep the system prompt; -> blocks returned to the pool."""
         with self._lock:
             session = self._session(session_id)
             self._wait_out_of_forward(session_id)
+            available = self.kv.pool.num_available
             self._cancel_all(session, "session reset")
             session.messages.clear()
-            freed = 0
             if session.has_kv:
-                kept = min(len(session.prefix_ids), self.kv.num_tokens(session_id))
-                freed = self.kv.truncate(session_id, kept)
+                self.kv.truncate(session_id, min(len(session.prefix_ids), self.kv.num_tokens(session_id)))
             session.touch()
-            return freed
+            return self.kv.pool.num_available - available
 
     def cancel(self, session_id: str) -> bool:
         """Cancel the session's running and queued requests; -> whether there was any."""

@@ -160,8 +160,8 @@ class Scheduler:
         now = time.monotonic()
         for request in [r for r in e.queue if now - r.submitted_at > e.config.queue_timeout_s]:
             self.finish(request, FinishReason.ERROR,
-                        f"timed out after {e.config.queue_timeout_s:g} s waiting for KV blocks "
-                        f"({e.kv.stats().free_blocks + e.kv.stats().cached_blocks} available)")
+                        f"timed out after {e.config.queue_timeout_s:g} s in the queue (queue_timeout_s): "
+                        f"{len(e.running)} requests running, {e.kv.pool.num_available} KV blocks available")
 
     def _admit(self) -> None:
         e = self.engine

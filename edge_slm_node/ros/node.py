@@ -7,6 +7,7 @@ that is inside the running forward pass).
 """
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from diagnostic_msgs.msg import DiagnosticArray
 from edge_slm_node.msg import Command, PoolStatus, TokenChunk
@@ -53,10 +54,14 @@ class EdgeSlmNode(Node):
 
         group = ReentrantCallbackGroup()
         qos = QoSProfile(depth=self.settings.qos_depth, reliability=ReliabilityPolicy.RELIABLE)
+        # commands are never dropped silently: reliable keep-all applies back-pressure to a flooding
+        # publisher, and every command is answered (queued, or a final chunk with an error)
+        command_qos = QoSProfile(depth=self.settings.qos_depth, history=HistoryPolicy.KEEP_ALL,
+                                 reliability=ReliabilityPolicy.RELIABLE)
         self.token_publisher = self.create_publisher(TokenChunk, "tokens", qos)
         self.status_publisher = self.create_publisher(PoolStatus, "pool_status", 10)
         self.diagnostics_publisher = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.create_subscription(Command, "command", self.on_command, qos, callback_group=group)
+        self.create_subscription(Command, "command", self.on_command, command_qos, callback_group=group)
         self.create_service(CreateSession, "create_session", self.on_create_session, callback_group=group)
         self.create_service(DestroySession, "destroy_session", self.on_destroy_session, callback_group=group)
         self.create_service(ResetSession, "reset_session", self.on_reset_session, callback_group=group)
@@ -239,6 +244,11 @@ def main(args=None) -> int:
     rclpy.init(args=args)
     node = None
     exit_code = 0
+
+    def stop_on_sigterm(signum, frame):        # Humble's rclpy only handles SIGINT
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         node = EdgeSlmNode()
         executor = MultiThreadedExecutor(num_threads=4)
