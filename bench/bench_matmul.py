@@ -1,12 +1,13 @@
 """Quantized matmul speed on the real SmolLM2 shapes: GGUF-layout reference vs packed kernels.
 
-    python bench/bench_matmul.py [--tokens 1 64] [--rounds 7] [--no-reference]
+    python bench/bench_matmul.py [--tokens 1 64] [--rounds 7] [--no-reference] [--only gate head]
 
 Variants are timed interleaved in one process (round-robin, median of per-round medians), at
 1 and 2 numba threads. The weights of one matrix stay cache-resident between calls; the
 "decode pass" rows run every layer's matmuls plus the output head in model order, so the
 weights stream from memory as in real decoding (T=1): per layer 7 calls (q, k, v, o, gate,
-up, down) unfused, or 4 (qkv, o, gate|up, down) fused.
+up, down) unfused, or 4 (qkv, o, gate|up, down) fused. "on pool": every call on numba's thread pool;
+otherwise calls below linear.PARALLEL_MIN_BYTES / PARALLEL_MIN_MACS run on the calling thread.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from edge_slm_node.kernels import matmul  # noqa: E402
 from edge_slm_node.kernels.half import HALF_TO_FLOAT  # noqa: E402
+from edge_slm_node.model import linear as linear_module  # noqa: E402
 from edge_slm_node.model.linear import FusedLinear, PreparedInput  # noqa: E402
 from edge_slm_node.model.loader import load_model  # noqa: E402
 from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0  # noqa: E402
@@ -37,6 +39,18 @@ def reference_apply(linear, prepared, out):
         matmul.matmul_q4_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
     elif quant is Q8_0:
         matmul.matmul_q8_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+
+
+def on_pool(fn):
+    """fn with every packed matmul on numba's thread pool (no small-call serial path)."""
+    def run():
+        limits = linear_module.PARALLEL_MIN_BYTES, linear_module.PARALLEL_MIN_MACS
+        linear_module.PARALLEL_MIN_BYTES = linear_module.PARALLEL_MIN_MACS = 0
+        try:
+            fn()
+        finally:
+            linear_module.PARALLEL_MIN_BYTES, linear_module.PARALLEL_MIN_MACS = limits
+    return run
 
 
 @njit(parallel=True)
@@ -68,7 +82,7 @@ def interleaved(candidates: dict, rounds: int, budget: float = 0.02) -> dict:
 
 
 def row(shape: str, variant: str, threads: int, seconds: float, macs: float) -> None:
-    print(f"{shape:<22} {variant:<22} {threads:>7} {seconds * 1e6:>12.1f} {macs / seconds / 1e9:>8.2f}", flush=True)
+    print(f"{shape:<22} {variant:<24} {threads:>7} {seconds * 1e6:>12.1f} {macs / seconds / 1e9:>8.2f}", flush=True)
 
 
 def main() -> None:
@@ -76,6 +90,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-reference", action="store_true", help="skip the slow GGUF-layout kernels")
+    parser.add_argument("--only", nargs="*", default=None, help="shapes whose name starts with one of these")
+    parser.add_argument("--no-decode-pass", action="store_true")
     args = parser.parse_args()
 
     model = load_model()
@@ -92,7 +108,7 @@ def main() -> None:
     print("empty prange region: " + ", ".join(f"{n} thread(s) {s * 1e6:.1f} us" for n, s in region.items()))
 
     rng = np.random.default_rng(0)
-    print(f"\n{'shape':<22} {'variant':<22} {'threads':>7} {'median us':>12} {'GMAC/s':>8}")
+    print(f"\n{'shape':<22} {'variant':<24} {'threads':>7} {'median us':>12} {'GMAC/s':>8}")
     singles = [("q 576x576", layer.q), ("k 192x576", layer.k), ("o 576x576", layer.o),
                ("gate 1536x576", layer.gate), ("down 576x1536", layer.down),
                ("head 49152x576 Q8_0", weights.output)]
@@ -100,6 +116,8 @@ def main() -> None:
     for tokens in args.tokens:
         print(f"-- T = {tokens}")
         for shape, linear in singles + fused:
+            if args.only is not None and not any(shape.startswith(prefix) for prefix in args.only):
+                continue
             parts = linear.parts if isinstance(linear, FusedLinear) else [linear]
             k = parts[0].in_features
             prepared = PreparedInput(tokens, k, True, False).prepare(rng.standard_normal((tokens, k)).astype(np.float32))
@@ -108,17 +126,25 @@ def main() -> None:
             candidates = {}
             for threads in (1, 2):
                 if isinstance(linear, FusedLinear):
-                    candidates[("packed fused", threads)] = (threads, lambda: linear.apply(prepared, outs))
+                    fused_call = lambda: linear.apply(prepared, outs)   # noqa: E731
+                    candidates[("packed fused", threads)] = (threads, fused_call)
                     candidates[("packed separate", threads)] = (
                         threads, lambda: [p.apply(prepared, o) for p, o in zip(parts, outs)])
+                    if threads > 1:
+                        candidates[("packed fused, on pool", threads)] = (threads, on_pool(fused_call))
                 else:
-                    candidates[("packed", threads)] = (threads, lambda: linear.apply(prepared, outs[0]))
+                    packed_call = lambda: linear.apply(prepared, outs[0])   # noqa: E731
+                    candidates[("packed", threads)] = (threads, packed_call)
+                    if threads > 1:
+                        candidates[("packed, on pool", threads)] = (threads, on_pool(packed_call))
                     if not args.no_reference:
                         candidates[("reference", threads)] = (threads, lambda: reference_apply(linear, prepared, outs[0]))
             result = interleaved(candidates, args.rounds)
             for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
                 row(shape, variant, threads, seconds, macs)
 
+    if args.no_decode_pass:
+        return
     print("-- decode pass (T=1, all 30 layers + head, weights streamed from memory)")
     hidden, inter = config.hidden_size, config.intermediate_size
     x_hidden = PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
@@ -155,12 +181,15 @@ def main() -> None:
     for threads in (1, 2):
         candidates[("packed fused, 4/layer", threads)] = (threads, fused_pass)
         candidates[("packed, 7/layer", threads)] = (threads, separate)
+        if threads > 1:
+            candidates[("fused, on pool", threads)] = (threads, on_pool(fused_pass))
+            candidates[("7/layer, on pool", threads)] = (threads, on_pool(separate))
         if not args.no_reference:
             candidates[("reference, 7/layer", threads)] = (threads, reference_pass)
     result = interleaved(candidates, max(3, args.rounds // 2), budget=0.2)
     for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         row(f"decode pass {macs / 1e6:.0f}M MAC", variant, threads, seconds, macs)
-        print(f"{'':<22} {'':<22} {'':>7} {'-> matmul-only tokens/s':>12} {1 / seconds:.0f}")
+        print(f"{'':<22} {'':<24} {'':>7} {'-> matmul-only tokens/s':>12} {1 / seconds:.0f}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ so the block scales are applied with 8-wide float ops outside the integer inner 
 matrices sharing one input can be concatenated (q|k|v, gate|up): `outs` is a tuple of output
 arrays (T, rows_p) and part_ends[p] is the number of groups up to and including part p. Rows
 that do not fill a group ("tail", GGUF layout) belong to the last part. Prefill takes tokens in
-tiles of 4 per weight load; one parallel region per call, rows split across threads.
+tiles of 4 per weight load. Each packed kernel has a parallel driver (one prange region, groups
+split across threads) and a serial one; model/linear.py picks by the size of the call.
 
 Threads: numba's `omp` layer (GNU libgomp) by default lets idle workers spin for a long time
 after each parallel region. With other processes on the 2 cores, a spinning worker gets
@@ -25,11 +26,11 @@ import os
 import numpy as np
 from numba import njit, prange
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 from .repack import (ROWS_PER_GROUP, add, add_pairs_i16, broadcast_i16x2, broadcast_i8x4, dot_pairs_i16,
                      dot_pairs_u8_i8, high_nibbles, load_halves_as_f32, load_i8x16_as_i16, load_i8x32, low_nibbles,
                      mul, prefetch, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # see "Threads" above; before numba's first region
 
 # Decode (one token) streams the weights from memory: each block also prefetches the bytes
 # this far ahead (the next group, contiguous); measured ~1.3x on the whole decode pass.
@@ -316,70 +317,106 @@ def _locate(part_ends, group):
 
 
 # ------------------------------------------------------------------------ packed kernels
+# Iteration i < groups computes group i for every token; iteration `groups` the tail rows.
+# Each type has a parallel driver (one prange region) and a serial one (no region: for
+# calls too small to repay waking the worker threads).
+
+@njit(cache=True)
+def _q4_1_iteration(i, packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
+    num_tokens = xd.shape[0]
+    if i < packed.shape[0]:
+        part, col = _locate(part_ends, i)
+        out = outs[part]
+        full_tiles = num_tokens // 4 * 4
+        for t0 in range(0, full_tiles, 4):
+            _group_q4_1(packed[i], xq, xd, xs, out, t0, col)
+        for t in range(full_tiles, num_tokens):
+            _group_q4_1_one(packed[i], xq, xd, xs, out, t, col)
+    else:
+        out = outs[len(outs) - 1]
+        first = out.shape[1] - tail.shape[0]
+        for r in range(tail.shape[0]):
+            for t in range(num_tokens):
+                out[t, first + r] = _row_q4_1(tail[r], xq[t], xd[t], xs[t], half_to_float)
+
 
 @njit(parallel=True, cache=True)
 def matmul_q4_1_packed(packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
     """W Q4_1 packed (groups, nb*160 B) + tail (n, nb*20 B) @ x Q8_1 (T, nb*32) -> outs[p] (T, rows_p)."""
-    num_groups = packed.shape[0]
+    for i in prange(packed.shape[0] + 1):
+        _q4_1_iteration(i, packed, tail, xq, xd, xs, half_to_float, outs, part_ends)
+
+
+@njit(cache=True)
+def matmul_q4_1_packed_serial(packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
+    """matmul_q4_1_packed on the calling thread only."""
+    for i in range(packed.shape[0] + 1):
+        _q4_1_iteration(i, packed, tail, xq, xd, xs, half_to_float, outs, part_ends)
+
+
+@njit(cache=True)
+def _q4_0_iteration(i, packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
     num_tokens = xd.shape[0]
-    full_tiles = num_tokens // 4 * 4
-    for i in prange(num_groups + 1):
-        if i < num_groups:
-            part, col = _locate(part_ends, i)
-            out = outs[part]
-            for t0 in range(0, full_tiles, 4):
-                _group_q4_1(packed[i], xq, xd, xs, out, t0, col)
-            for t in range(full_tiles, num_tokens):
-                _group_q4_1_one(packed[i], xq, xd, xs, out, t, col)
-        else:
-            out = outs[len(outs) - 1]
-            first = out.shape[1] - tail.shape[0]
-            for r in range(tail.shape[0]):
-                for t in range(num_tokens):
-                    out[t, first + r] = _row_q4_1(tail[r], xq[t], xd[t], xs[t], half_to_float)
+    if i < packed.shape[0]:
+        part, col = _locate(part_ends, i)
+        out = outs[part]
+        full_tiles = num_tokens // 4 * 4
+        for t0 in range(0, full_tiles, 4):
+            _group_q4_0(packed[i], xq, xsum, xd, out, t0, col)
+        for t in range(full_tiles, num_tokens):
+            _group_q4_0_one(packed[i], xq, xsum, xd, out, t, col)
+    else:
+        out = outs[len(outs) - 1]
+        first = out.shape[1] - tail.shape[0]
+        for r in range(tail.shape[0]):
+            for t in range(num_tokens):
+                out[t, first + r] = _row_q4_0(tail[r], xq[t], xd[t], half_to_float)
 
 
 @njit(parallel=True, cache=True)
 def matmul_q4_0_packed(packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
     """W Q4_0 packed (groups, nb*144 B) + tail (n, nb*18 B) @ x Q8_0 (T, nb*32), xsum = block_sums(xq)
     -> outs[p] (T, rows_p)."""
-    num_groups = packed.shape[0]
+    for i in prange(packed.shape[0] + 1):
+        _q4_0_iteration(i, packed, tail, xq, xsum, xd, half_to_float, outs, part_ends)
+
+
+@njit(cache=True)
+def matmul_q4_0_packed_serial(packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
+    """matmul_q4_0_packed on the calling thread only."""
+    for i in range(packed.shape[0] + 1):
+        _q4_0_iteration(i, packed, tail, xq, xsum, xd, half_to_float, outs, part_ends)
+
+
+@njit(cache=True)
+def _q8_0_iteration(i, packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
     num_tokens = xd.shape[0]
-    full_tiles = num_tokens // 4 * 4
-    for i in prange(num_groups + 1):
-        if i < num_groups:
-            part, col = _locate(part_ends, i)
-            out = outs[part]
-            for t0 in range(0, full_tiles, 4):
-                _group_q4_0(packed[i], xq, xsum, xd, out, t0, col)
-            for t in range(full_tiles, num_tokens):
-                _group_q4_0_one(packed[i], xq, xsum, xd, out, t, col)
-        else:
-            out = outs[len(outs) - 1]
-            first = out.shape[1] - tail.shape[0]
-            for r in range(tail.shape[0]):
-                for t in range(num_tokens):
-                    out[t, first + r] = _row_q4_0(tail[r], xq[t], xd[t], half_to_float)
+    if i < packed.shape[0]:
+        part, col = _locate(part_ends, i)
+        out = outs[part]
+        full_tiles = num_tokens // 4 * 4
+        for t0 in range(0, full_tiles, 4):
+            _group_q8_0(packed[i], xq16, xd, out, t0, col)
+        for t in range(full_tiles, num_tokens):
+            _group_q8_0_one(packed[i], xq16, xd, out, t, col)
+    else:
+        out = outs[len(outs) - 1]
+        first = out.shape[1] - tail.shape[0]
+        for r in range(tail.shape[0]):
+            for t in range(num_tokens):
+                out[t, first + r] = _row_q8_0(tail[r], xq[t], xd[t], half_to_float)
 
 
 @njit(parallel=True, cache=True)
 def matmul_q8_0_packed(packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
     """W Q8_0 packed (groups, nb*272 B) + tail (n, nb*34 B) @ x Q8_0 (T, nb*32), xq16 = xq as int16
     -> outs[p] (T, rows_p)."""
-    num_groups = packed.shape[0]
-    num_tokens = xd.shape[0]
-    full_tiles = num_tokens // 4 * 4
-    for i in prange(num_groups + 1):
-        if i < num_groups:
-            part, col = _locate(part_ends, i)
-            out = outs[part]
-            for t0 in range(0, full_tiles, 4):
-                _group_q8_0(packed[i], xq16, xd, out, t0, col)
-            for t in range(full_tiles, num_tokens):
-                _group_q8_0_one(packed[i], xq16, xd, out, t, col)
-        else:
-            out = outs[len(outs) - 1]
-            first = out.shape[1] - tail.shape[0]
-            for r in range(tail.shape[0]):
-                for t in range(num_tokens):
-                    out[t, first + r] = _row_q8_0(tail[r], xq[t], xd[t], half_to_float)
+    for i in prange(packed.shape[0] + 1):
+        _q8_0_iteration(i, packed, tail, xq, xq16, xd, half_to_float, outs, part_ends)
+
+
+@njit(cache=True)
+def matmul_q8_0_packed_serial(packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
+    """matmul_q8_0_packed on the calling thread only."""
+    for i in range(packed.shape[0] + 1):
+        _q8_0_iteration(i, packed, tail, xq, xq16, xd, half_to_float, outs, part_ends)

@@ -15,10 +15,17 @@ import numpy as np
 from ..kernels import matmul
 from ..kernels.half import HALF_TO_FLOAT
 from ..kernels.quantize import quantize_rows_q8
-from ..kernels.repack import repack
+from ..kernels.repack import ROWS_PER_GROUP, repack
 from .quant import F16, F32, Q4_0, Q4_1, Q8_0, QuantType
 
 PACKED_TYPES = (Q4_0, Q4_1, Q8_0)
+
+# A packed matmul runs on numba's thread pool only when it is big enough to repay waking the
+# worker (~15 us idle, 40-70 us with the cores contended, OMP_WAIT_POLICY=PASSIVE; see
+# kernels/matmul.py); smaller calls run on the calling thread. Big: at least this many bytes
+# of weights (decode streams them from memory) or this many multiply-adds (prefill).
+PARALLEL_MIN_BYTES = 1 << 20
+PARALLEL_MIN_MACS = 4_000_000
 
 
 class PreparedInput:
@@ -137,7 +144,7 @@ class QuantizedLinear:
         _check_out(out, prepared, self.out_features, self.name)
         quant = self.quant
         if quant in PACKED_TYPES:
-            _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self._part_ends)
+            _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self._part_ends, self.in_features)
         elif quant is F16:
             matmul.matmul_f16(self.raw, prepared.x_half, HALF_TO_FLOAT, out)
         else:
@@ -192,7 +199,7 @@ class FusedLinear:
             raise ValueError(f"fused {[p.name for p in self.parts]} needs {len(self.parts)} outputs, got {len(outs)}")
         for part, out in zip(self.parts, outs):
             _check_out(out, prepared, part.out_features, part.name)
-        _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self._part_ends)
+        _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self._part_ends, self.in_features)
 
 
 def _adjacent_rows(arrays):
@@ -215,12 +222,16 @@ def _check_out(out: np.ndarray, prepared: PreparedInput, rows: int, name: str) -
                          f"got {out.dtype} {out.shape}")
 
 
-def _packed_kernel(quant, packed, tail, prepared, outs, part_ends) -> None:
+def _packed_kernel(quant, packed, tail, prepared, outs, part_ends, in_features) -> None:
+    rows = packed.shape[0] * ROWS_PER_GROUP + tail.shape[0]
+    parallel = (packed.nbytes >= PARALLEL_MIN_BYTES
+                or prepared.num_tokens * rows * in_features >= PARALLEL_MIN_MACS)
     if quant is Q4_1:
-        matmul.matmul_q4_1_packed(packed, tail, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, outs, part_ends)
+        kernel = matmul.matmul_q4_1_packed if parallel else matmul.matmul_q4_1_packed_serial
+        kernel(packed, tail, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, outs, part_ends)
     elif quant is Q8_0:
-        matmul.matmul_q8_0_packed(packed, tail, prepared.xq, prepared.xq16, prepared.xd, HALF_TO_FLOAT, outs, part_ends)
+        kernel = matmul.matmul_q8_0_packed if parallel else matmul.matmul_q8_0_packed_serial
+        kernel(packed, tail, prepared.xq, prepared.xq16, prepared.xd, HALF_TO_FLOAT, outs, part_ends)
     else:
-        matmul.matmul_q4_0_packed(packed, tail, prepared.xq, prepared.block_sums, prepared.xd, HALF_TO_FLOAT,
-                                  outs, part_ends)
-
+        kernel = matmul.matmul_q4_0_packed if parallel else matmul.matmul_q4_0_packed_serial
+        kernel(packed, tail, prepared.xq, prepared.block_sums, prepared.xd, HALF_TO_FLOAT, outs, part_ends)

@@ -10,6 +10,7 @@ import pytest
 from numba import njit
 
 from edge_slm_node.kernels import matmul
+from edge_slm_node.model import linear as linear_module
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.quantize import quantize_rows_q8
 from edge_slm_node.kernels.repack import repack, unpack
@@ -108,6 +109,15 @@ def _numpy_reference(raw, quant, prepared):
     return ref, np.abs(x) @ np.abs(weights).T
 
 
+@pytest.fixture(params=["serial", "parallel"])
+def threading(request, monkeypatch):
+    """Run the packed kernels on the calling thread, or always on numba's thread pool."""
+    limit = 0 if request.param == "parallel" else 1 << 62
+    monkeypatch.setattr(linear_module, "PARALLEL_MIN_BYTES", limit)
+    monkeypatch.setattr(linear_module, "PARALLEL_MIN_MACS", limit)
+    return request.param
+
+
 def _prepared(tokens, length, seed):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((tokens, length)) * rng.uniform(0.1, 3.0, (tokens, 1))).astype(np.float32)
@@ -124,7 +134,7 @@ def _raw(quant, rows, length, seed):
 @pytest.mark.parametrize("rows", [1, 7, 8, 13, 37])
 @pytest.mark.parametrize("length", [32, 64, 576, 1536])
 @pytest.mark.parametrize("tokens", [1, 3, 17])
-def test_packed_kernels_bit_equal_to_gguf_kernels(quant, rows, length, tokens):
+def test_packed_kernels_bit_equal_to_gguf_kernels(quant, rows, length, tokens, threading):
     raw = _raw(quant, rows, length, seed=rows * 1000 + length)
     prepared = _prepared(tokens, length, seed=tokens)
     linear = QuantizedLinear("w", raw, quant, length)
@@ -149,7 +159,7 @@ def test_repack_keeps_every_byte(quant, rows):
 @pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("part_rows", [(64, 16, 16), (24, 13), (8, 8, 8), (13, 8)])
 @pytest.mark.parametrize("tokens", [1, 6])
-def test_fused_linear_equals_separate_parts(quant, part_rows, tokens):
+def test_fused_linear_equals_separate_parts(quant, part_rows, tokens, threading):
     length = 128
     parts = [QuantizedLinear(f"p{i}", _raw(quant, rows, length, seed=i), quant, length) for i, rows in enumerate(part_rows)]
     prepared = _prepared(tokens, length, seed=7)
@@ -215,9 +225,11 @@ def test_release_file_pages_only_touches_file_mappings(tmp_path):
 _GENERIC_CHECK = textwrap.dedent("""
     import numpy as np
     from test_matmul import _original, _prepared, _raw
+    from edge_slm_node.model import linear
     from edge_slm_node.model.linear import QuantizedLinear
     from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0
-    for quant in (Q4_0, Q4_1, Q8_0):
+    for quant, limit in ((Q4_0, 0), (Q4_1, 0), (Q8_0, 0), (Q4_0, 1 << 62), (Q4_1, 1 << 62), (Q8_0, 1 << 62)):
+        linear.PARALLEL_MIN_BYTES = linear.PARALLEL_MIN_MACS = limit
         for rows, length, tokens in ((13, 64, 1), (37, 576, 17)):
             raw = _raw(quant, rows, length, seed=rows)
             prepared = _prepared(tokens, length, seed=tokens)
