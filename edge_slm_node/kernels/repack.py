@@ -22,7 +22,7 @@ Note: numba's cache does not notice edits to this file; clear __pycache__ after 
 """
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
@@ -33,38 +33,47 @@ _HALF_BYTES = 2 * ROWS_PER_GROUP                      # d (or m) of the 8 rows o
 GROUP_BLOCK_BYTES = {Q4_1.name: 160, Q4_0.name: 144, Q8_0.name: 272}
 
 
-# ---------------------------------------------------------------------------- repacking (NumPy)
+# ----------------------------------------------------------------------------------- repacking
 
 def split_rows(raw: np.ndarray) -> tuple[int, int]:
     """(rows, bytes_per_row) -> (number of full groups, number of tail rows)."""
     return raw.shape[0] // ROWS_PER_GROUP, raw.shape[0] % ROWS_PER_GROUP
 
 
+_LAYOUT = {Q4_1.name: (4, 4), Q4_0.name: (2, 4), Q8_0.name: (2, 2)}   # (scale bytes, chunk bytes) per row
+
+
 def repack(raw: np.ndarray, quant: QuantType) -> tuple[np.ndarray, np.ndarray]:
     """GGUF bytes (rows, nb*type_size) -> packed (groups, nb*group_block_bytes) u8, tail (rows%8, nb*type_size) u8."""
-    rows, row_bytes = raw.shape
-    blocks = row_bytes // quant.type_size
-    groups, tail_rows = split_rows(raw)
-    g = np.asarray(raw[:groups * ROWS_PER_GROUP]).reshape(groups, ROWS_PER_GROUP, blocks, quant.type_size)
-    g = g.transpose(0, 2, 1, 3)                          # (group, block, row, block bytes)
-    if quant is Q4_1:
-        parts = [g[..., 0:2], g[..., 2:4], _chunks(g[..., 4:], 4)]
-    elif quant is Q4_0:
-        parts = [g[..., 0:2], _chunks(g[..., 2:], 4)]
-    elif quant is Q8_0:
-        parts = [g[..., 0:2], _chunks(g[..., 2:], 2)]
-    else:
+    if quant.name not in _LAYOUT:
         raise ValueError(f"no packed layout for {quant.name}")
-    flat = [p.reshape(groups, blocks, int(np.prod(p.shape[2:]))) for p in parts]
-    packed = np.concatenate(flat, axis=2).reshape(groups, blocks * GROUP_BLOCK_BYTES[quant.name])
+    blocks = raw.shape[1] // quant.type_size
+    groups, _ = split_rows(raw)
+    packed = np.empty((groups, blocks * GROUP_BLOCK_BYTES[quant.name]), np.uint8)
+    scale_bytes, chunk_bytes = _LAYOUT[quant.name]
+    _pack(raw, packed, quant.type_size, scale_bytes, chunk_bytes)
     tail = np.array(raw[groups * ROWS_PER_GROUP:], dtype=np.uint8, order="C")
-    return np.ascontiguousarray(packed), tail
+    return packed, tail
 
 
-def _chunks(payload: np.ndarray, chunk_bytes: int) -> np.ndarray:
-    """(group, block, row, n) -> (group, block, chunk, row, chunk_bytes): chunk c = bytes c*w..c*w+w-1."""
-    groups, blocks, rows, n = payload.shape
-    return payload.reshape(groups, blocks, rows, n // chunk_bytes, chunk_bytes).transpose(0, 1, 3, 2, 4)
+@njit(cache=True)
+def _pack(raw, packed, type_size, scale_bytes, chunk_bytes):
+    """Fill packed (groups, nb*8*type_size) from raw's first groups*8 rows; see the layout above."""
+    rows = ROWS_PER_GROUP
+    payload_start = scale_bytes // 2 * _HALF_BYTES
+    for g in range(packed.shape[0]):
+        for r in range(rows):
+            source = raw[g * rows + r]
+            for b in range(raw.shape[1] // type_size):
+                src = b * type_size
+                dst = b * rows * type_size
+                for s in range(scale_bytes // 2):
+                    packed[g, dst + s * _HALF_BYTES + 2 * r] = source[src + 2 * s]
+                    packed[g, dst + s * _HALF_BYTES + 2 * r + 1] = source[src + 2 * s + 1]
+                for c in range((type_size - scale_bytes) // chunk_bytes):
+                    at = dst + payload_start + c * rows * chunk_bytes + r * chunk_bytes
+                    for k in range(chunk_bytes):
+                        packed[g, at + k] = source[src + scale_bytes + c * chunk_bytes + k]
 
 
 def unpack(packed: np.ndarray, tail: np.ndarray, quant: QuantType) -> np.ndarray:
