@@ -1,16 +1,122 @@
-"""Element-wise and normalisation kernels of the transformer block (float32)."""
-import numpy as np
-from numba import njit, prange
+"""Element-wise and normalisation kernels of the transformer block (float32).
 
+Numerics follow llama.cpp's CPU backend (x86, AVX2 + FMA build) operation by operation, so
+that greedy decoding picks the same tokens: where its compiler fuses a*b+c into one FMA we
+call `fma_f32`, and its vectorised exp (ggml_v_expf, a polynomial, not libm's expf) is
+reproduced lane by lane in `exp_f32`. Swapping either for the "obvious" formula changes
+logits by up to ~0.4 on SmolLM2-135M (see test/model/test_llama_cpp_fidelity.py).
+Note: exp_f32 and hsum8 are inlined into kernels/attention.py, whose numba cache does not
+notice edits here; clear kernels/__pycache__ after changing them.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+F32 = np.float32
+
+
+# ------------------------------------------------------------------ scalar float32 primitives
+
+@intrinsic
+def fma_f32(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f32), all float32."""
+    if not all(isinstance(x, types.Float) and x.bitwidth == 32 for x in (a, b, c)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        name = "llvm.fma.f32"
+        fn = builder.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3), name=name)
+        return builder.call(fn, args)
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def float_bits(typingctx, x):
+    """float32 -> its int32 bit pattern."""
+    if not (isinstance(x, types.Float) and x.bitwidth == 32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def bits_float(typingctx, x):
+    """Integer whose low 32 bits are a float32 bit pattern -> that float32."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = args[0]
+        if sig.args[0].bitwidth > 32:
+            value = builder.trunc(value, ir.IntType(32))
+        elif sig.args[0].bitwidth < 32:
+            value = builder.sext(value, ir.IntType(32))
+        return builder.bitcast(value, ir.FloatType())
+    return types.float32(x), codegen
+
+
+# ggml_v_expf constants (ARM optimized-routines polynomial; max error 1.45 ulp + 0.5 ulp)
+_ROUND = F32(float.fromhex("0x1.8p23"))
+_LOG2E = F32(float.fromhex("0x1.715476p+0"))
+_LN2_HI = F32(float.fromhex("0x1.62e4p-1"))
+_LN2_LO = F32(float.fromhex("0x1.7f7d1cp-20"))
+_C0 = F32(float.fromhex("0x1.0e4020p-7"))
+_C1 = F32(float.fromhex("0x1.573e2ep-5"))
+_C2 = F32(float.fromhex("0x1.555e66p-3"))
+_C3 = F32(float.fromhex("0x1.fffdb6p-2"))
+_C4 = F32(float.fromhex("0x1.ffffecp-1"))
+_ONE_BITS = np.int32(0x3F800000)
+_SCALE_BIAS = np.int32(0x7F000000)
+_NEGATIVE_SCALE = np.int32(-0x7E000000)          # 0x82000000 as int32
+
+
+@njit(cache=True, inline="always")
+def exp_f32(x):
+    """float32 exp exactly as one lane of llama.cpp's ggml_v_expf (AVX2 + FMA); exp(-inf) = 0."""
+    z = fma_f32(x, _LOG2E, _ROUND)
+    n = z - _ROUND
+    b = fma_f32(-n, _LN2_LO, fma_f32(-n, _LN2_HI, x))
+    e = float_bits(z) << np.int32(23)
+    k = bits_float(e + _ONE_BITS)
+    u = b * b
+    j = fma_f32(fma_f32(fma_f32(_C0, b, _C1), u, fma_f32(_C2, b, _C3)), u, _C4 * b)
+    if not abs(n) > F32(126.0):
+        return fma_f32(j, k, k)
+    g = _NEGATIVE_SCALE if n <= F32(0.0) else np.int32(0)
+    s1 = bits_float(g + _SCALE_BIAS)
+    if abs(n) > F32(192.0):
+        return s1 * s1
+    s2 = bits_float(e - g)
+    return fma_f32(s2, j, s2) * s1
+
+
+@njit(cache=True, inline="always")
+def hsum8(v, at):
+    """Horizontal sum of the 8 floats v[at:at+8] in the order of llama.cpp's hsum_float_8."""
+    a0 = v[at + 4] + v[at]
+    a1 = v[at + 5] + v[at + 1]
+    a2 = v[at + 6] + v[at + 2]
+    a3 = v[at + 7] + v[at + 3]
+    return (a0 + a2) + (a1 + a3)
+
+
+# --------------------------------------------------------------------------------- kernels
 
 @njit(cache=True)
 def rms_norm(x, weight, eps, out):
-    """x (T, n) f32, weight (n,) -> out (T, n) = x / sqrt(mean(x^2) + eps) * weight."""
+    """x (T, n) f32, weight (n,) -> out (T, n) = x / sqrt(mean(x^2) + eps) * weight.
+
+    As ggml: each square rounded to float32, summed in float64; scale in float32."""
     num_tokens, n = x.shape
     for t in range(num_tokens):
-        total = 0.0                      # float64 accumulator, as ggml does
+        total = 0.0
         for i in range(n):
-            total += np.float64(x[t, i]) * np.float64(x[t, i])
+            total += np.float64(x[t, i] * x[t, i])
         mean = np.float32(total / n)
         scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
         for i in range(n):
@@ -37,10 +143,16 @@ def add_bias(x, bias):
 
 @njit(cache=True)
 def silu_mul(gate, up, out):
-    """gate, up (T, n) -> out (T, n) = gate * sigmoid(gate) * up."""
+    """gate, up (T, n) -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32).
+
+    Groups of 8 use the vector exp (exp_f32); a row's last n % 8 values use libm's expf."""
     num_tokens, n = gate.shape
+    vector_end = n // 8 * 8
     for t in range(num_tokens):
-        for i in range(n):
+        for i in range(vector_end):
+            g = gate[t, i]
+            out[t, i] = g / (np.float32(1.0) + exp_f32(np.float32(0.0) - g)) * up[t, i]
+        for i in range(vector_end, n):
             g = gate[t, i]
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
 
@@ -63,7 +175,9 @@ def rope_tables(max_positions, rotary_dims, freq_base):
 
 @njit(parallel=True, cache=True)
 def apply_rope(x, positions, cos, sin, neox):
-    """x (T, heads, head_dim) rotated in place by positions (T,); neox pairs (i, i+d/2), else (2i, 2i+1)."""
+    """x (T, heads, head_dim) rotated in place by positions (T,); neox pairs (i, i+d/2), else (2i, 2i+1).
+
+    x0' = fma(x0, cos, -(x1 sin)), x1' = fma(x0, sin, x1 cos), as ggml's compiled rotate_pairs."""
     num_tokens, num_heads, head_dim = x.shape
     half = cos.shape[1]
     for t in prange(num_tokens):
@@ -76,8 +190,9 @@ def apply_rope(x, positions, cos, sin, neox):
                     a, b = 2 * i, 2 * i + 1
                 x0 = x[t, h, a]
                 x1 = x[t, h, b]
-                x[t, h, a] = x0 * cos[p, i] - x1 * sin[p, i]
-                x[t, h, b] = x0 * sin[p, i] + x1 * cos[p, i]
+                c, s = cos[p, i], sin[p, i]
+                x[t, h, a] = fma_f32(x0, c, -(x1 * s))
+                x[t, h, b] = fma_f32(x0, s, x1 * c)
 
 
 @njit(cache=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numba
 import numpy as np
@@ -22,6 +23,10 @@ class ForwardBatch:
     token_ids, positions, token_seq (row into block_tables), token_context (positions the token
     attends to, itself included), slot_mapping (arena slot its KV is written to): shape (T,).
     block_tables (S, max_blocks). logits_rows: indices into T whose logits are wanted.
+    batched (T,) optional: nonzero where a token's attention is summed in the order llama.cpp
+    uses for a multi-token batch (a prompt) rather than for one token (decode); by default a
+    token is batched when its sequence has two or more tokens in this batch, which is
+    llama.cpp's rule for one sequence (see kernels/attention.py).
     """
     token_ids: np.ndarray
     positions: np.ndarray
@@ -30,6 +35,13 @@ class ForwardBatch:
     slot_mapping: np.ndarray
     block_tables: np.ndarray
     logits_rows: np.ndarray
+    batched: Optional[np.ndarray] = None
+
+
+def batched_tokens(token_seq: np.ndarray, num_sequences: int) -> np.ndarray:
+    """(T,) uint8: 1 where the token's sequence has at least two tokens in the batch."""
+    counts = np.bincount(token_seq, minlength=num_sequences)
+    return (counts[token_seq] >= 2).astype(np.uint8)
 
 
 class Transformer:
@@ -64,10 +76,11 @@ class Transformer:
         threads = numba.config.NUMBA_NUM_THREADS
         group = c.num_heads // c.num_kv_heads
         self.scores = np.zeros((threads, group, max_context), f32)
+        self.lanes = np.zeros((threads, group, 32, c.head_dim), f32)
         self.row_bits = np.zeros((threads, c.head_dim), np.uint32)
         self.row_values = np.zeros((threads, c.head_dim), f32)
         self.kv_bits = np.zeros((t, c.head_dim), np.uint16)
-        self.attention_scale = np.float32(1.0 / np.sqrt(c.head_dim))
+        self.attention_scale = np.float32(1.0) / np.sqrt(np.float32(c.head_dim))   # 1.0f/sqrtf(d) as llama.cpp
 
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
         w = self.weights
@@ -91,6 +104,9 @@ class Transformer:
         heads_k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
         heads_v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
         heads_out = attn.reshape(num_tokens, c.num_heads, c.head_dim)
+        batched = batch.batched
+        if batched is None:
+            batched = batched_tokens(batch.token_seq, batch.block_tables.shape[0])
         self.embed(batch.token_ids, hidden)
         for index, layer in enumerate(self.weights.layers):
             ops.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps, normed)
@@ -107,8 +123,8 @@ class Transformer:
             k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
             write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, self.kv_bits)
             paged_attention(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                            batch.token_context, self.attention_scale, self.scores,
-                            self.row_bits, self.row_values, heads_out)
+                            batch.token_context, batched, self.attention_scale, self.scores,
+                            self.lanes, self.row_bits, self.row_values, heads_out)
             layer.o.apply(self.attn_input.prepare(attn), proj)
             ops.add_in_place(hidden, proj)
             ops.rms_norm(hidden, layer.ffn_norm, c.rms_norm_eps, normed)

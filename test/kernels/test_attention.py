@@ -7,6 +7,12 @@ from edge_slm_node.kernels.attention import paged_attention, write_kv
 import numba
 
 
+# The kernel rounds probabilities to fp16 and uses llama.cpp's vector exp; against np.exp a
+# last-bit difference can flip one probability's fp16 rounding (relative 2^-11). The exact
+# summation orders are checked in test_llama_cpp_numerics.py.
+RTOL, ATOL = 1e-3, 3e-4
+
+
 def reference_attention(q, keys, values, scale):
     """q (heads, d), keys/values (n, kv_heads, d) -> (heads, d); fp16 rounding as the kernel does."""
     heads, kv_heads = q.shape[0], keys.shape[1]
@@ -21,6 +27,13 @@ def reference_attention(q, keys, values, scale):
         p = (p / p.sum()).astype(np.float16).astype(np.float32)
         out[h] = p @ v
     return out
+
+
+def scratch(group, max_context, head_dim):
+    """Per-thread scratch of paged_attention: scores, lanes, row_bits, row_values."""
+    threads = numba.config.NUMBA_NUM_THREADS
+    return (np.zeros((threads, group, max_context), np.float32), np.zeros((threads, group, 32, head_dim), np.float32),
+            np.zeros((threads, head_dim), np.uint32), np.zeros((threads, head_dim), np.float32))
 
 
 def scatter_blocks(rng, num_positions, block_size, num_blocks):
@@ -54,14 +67,12 @@ def test_decode_matches_reference(block_size, context_lengths, heads, kv_heads):
         values.append(v)
     q = rng.standard_normal((len(context_lengths), heads, head_dim)).astype(np.float32)
     expected = [reference_attention(q[s], keys[s], values[s], 0.25) for s in range(len(context_lengths))]
-    threads = numba.config.NUMBA_NUM_THREADS
     out = np.zeros_like(q)
     paged_attention(q.copy(), k_cache, v_cache, tables, np.arange(len(context_lengths), dtype=np.int32),
-                    np.array(context_lengths, np.int32), np.float32(0.25),
-                    np.zeros((threads, heads // kv_heads, max(context_lengths)), np.float32),
-                    np.zeros((threads, head_dim), np.uint32), np.zeros((threads, head_dim), np.float32), out)
+                    np.array(context_lengths, np.int32), np.zeros(len(context_lengths), np.uint8), np.float32(0.25),
+                    *scratch(heads // kv_heads, max(context_lengths), head_dim), out)
     for s in range(len(context_lengths)):
-        np.testing.assert_allclose(out[s], expected[s], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out[s], expected[s], rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -81,12 +92,10 @@ def test_prefill_is_causal_on_top_of_cached_tokens(block_size, cached, new):
     np.testing.assert_array_equal(k_cache.reshape(-1, kv_heads, head_dim)[slots], k.astype(np.float16).view(np.uint16))
     q = rng.standard_normal((new, heads, head_dim)).astype(np.float32)
     positions = np.arange(cached, total, dtype=np.int32)
-    threads = numba.config.NUMBA_NUM_THREADS
     out = np.zeros_like(q)
-    paged_attention(q.copy(), k_cache, v_cache, table, np.zeros(new, np.int32), positions + 1, np.float32(0.3),
-                    np.zeros((threads, heads // kv_heads, total), np.float32),
-                    np.zeros((threads, head_dim), np.uint32), np.zeros((threads, head_dim), np.float32), out)
+    paged_attention(q.copy(), k_cache, v_cache, table, np.zeros(new, np.int32), positions + 1,
+                    np.full(new, new > 1, np.uint8), np.float32(0.3), *scratch(heads // kv_heads, total, head_dim), out)
     k16, v16 = k.astype(np.float16), v.astype(np.float16)
     for i, p in enumerate(positions):
         expected = reference_attention(q[i], k16[:p + 1], v16[:p + 1], 0.3)
-        np.testing.assert_allclose(out[i], expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(out[i], expected, rtol=RTOL, atol=ATOL)
