@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..kv.block_pool import NoFreeBlocksError
+from .batch import prompt_token_batched
 from .request import FinishReason, Request, RequestState, TokenEvent
 from .session import common_prefix_length
 
@@ -39,7 +40,8 @@ class Scheduler:
         while start < len(token_ids):
             chunk = token_ids[start:start + e.config.max_batch_tokens]
             e.batch.clear()
-            e.batch.add(e.kv, seq_id, chunk, start, want_logits=True)
+            e.batch.add(e.kv, seq_id, chunk, start, want_logits=True,
+                        batched=_prompt_order(start, len(chunk), 0, len(token_ids)))
             logits = e.transformer.forward(e.batch.build(), e.arena.data)
             e.kv.commit(seq_id, chunk)
             start += len(chunk)
@@ -114,7 +116,9 @@ class Scheduler:
                 r.prefill_chunk = min(room, len(r.prompt_ids) - r.prefill_done)
                 last = r.prefill_done + r.prefill_chunk == len(r.prompt_ids)
                 e.batch.add(e.kv, r.session_id, r.prompt_ids[r.prefill_done:r.prefill_done + r.prefill_chunk],
-                            r.prefill_done, want_logits=last)
+                            r.prefill_done, want_logits=last,
+                            batched=_prompt_order(r.prefill_done, r.prefill_chunk, r.cached_prompt_tokens,
+                                                  len(r.prompt_ids)))
         if not decoders and prefill_request is None:
             return None
         return prefill_request, decoders
@@ -331,3 +335,9 @@ class Scheduler:
             keep = request.cached_prompt_tokens
         e.kv.truncate(sid, min(committed, keep))
 
+
+
+def _prompt_order(start: int, count: int, first_new: int, end: int) -> list:
+    """Per-token llama.cpp summation order for prompt positions [start, start+count) of a prompt
+    whose new (uncached) tokens are [first_new, end)."""
+    return [prompt_token_batched(i - first_new, end - first_new) for i in range(start, start + count)]
