@@ -1,0 +1,18 @@
+"""The short soak (about 90 s) that CI runs; README reports a 30-minute, 8-session run."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "soak"))
+
+from soak import soak   # noqa: E402
+
+
+def test_short_soak(ros_env_module):
+    report = soak(seconds=90, sessions=4, seed=7, drain_every_s=30, env=ros_env_module)
+    print(report)
+    assert report["requests"] >= 20, report
+    assert report["missing_final"] == [] and report["duplicate_final"] == [], report
+    assert report["drains"] >= 3                  # each drain asserted used blocks == idle baseline
+    assert report["log_problems"] == [], report["log_problems"]
+    assert report["node_exit_code"] == 0
+    assert report["rss_slope_mib_per_hour"] < 200, report   # 90 s is too short for a fine figure
