@@ -123,7 +123,7 @@ class EdgeSlmNode(Node):
     def shutdown(self) -> None:
         self._stop.set()
         self._wake.set()
-        self.engine_thread.join(timeout=1.5)
+        self.engine_thread.join(timeout=1.0)      # at most one step; SIGTERM must stop us within 2 s
 
     # ---- commands and tokens -----------------------------------------------------------------
     def on_command(self, command: Command) -> None:
