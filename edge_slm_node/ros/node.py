@@ -7,6 +7,7 @@ that is inside the running forward pass).
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -240,7 +241,7 @@ class EdgeSlmNode(Node):
         self.diagnostics_publisher.publish(convert.diagnostics(stats, stamp, self.get_name(), self.state, rss))
 
 
-def main(args=None) -> int:
+def main(args=None):
     rclpy.init(args=args)
     node = None
     exit_code = 0
@@ -267,7 +268,11 @@ def main(args=None) -> int:
             node.shutdown()
             node.destroy_node()
         rclpy.try_shutdown()
-    return exit_code
+    # Everything the OS cannot reclaim is closed; skip interpreter finalisation, which takes ~2 s
+    # here (thread pools, numba, tokenizers) and would break the 2 s stop budget on SIGTERM.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 if __name__ == "__main__":
