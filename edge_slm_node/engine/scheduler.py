@@ -260,16 +260,17 @@ class Scheduler:
         request.next_token = token
         text, stopped = request.stop_matcher.feed(request.decoder.feed(token))
         if text:
+            request.text_out += text
             self._emit(request, text)
         if stopped:
             self.finish(request, FinishReason.STOP)
         elif len(request.generated_ids) >= p.max_new_tokens:
             self.finish(request, FinishReason.LENGTH)
         elif e.kv.num_tokens(request.session_id) + 1 >= e.max_context:
-            self.finish(request, FinishReason.LENGTH, "")
+            self.finish(request, FinishReason.LENGTH)
 
     def _emit(self, request: Request, text: str, reason=None, error: str = "") -> None:
-        request.text_out += text
+        """Hand one event to the request's subscriber (or keep it for synchronous callers)."""
         event = TokenEvent(request, text, reason, error)
         if request.on_event is None:
             request.events.append(event)
@@ -307,14 +308,7 @@ class Scheduler:
                 session.active = None
                 self._settle_session_kv(session, request)
             session.touch()
-        event = TokenEvent(request, tail, reason, error)
-        if request.on_event is None:
-            request.events.append(event)
-        else:
-            try:
-                request.on_event(event)
-            except Exception:
-                pass
+        self._emit(request, tail, reason, error)
 
     def _settle_session_kv(self, session, request: Request) -> None:
         """After a turn: record it in history, drop uncommitted reservations, or roll back."""

@@ -1,6 +1,7 @@
 """Start edge_slm_node in its own process and talk to it with real rclpy clients."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -129,3 +130,16 @@ class RosClient:
     def wait_pool(self, predicate, what, timeout_s=REPLY_TIMEOUT_S):
         self.spin_until(lambda: self.pools and predicate(self.pools[-1]), timeout_s, what)
         return self.pools[-1]
+
+
+@contextlib.contextmanager
+def running_node(directory: Path, env: dict, **params):
+    """A ready node process started with write_params(directory, **params), and a client to it."""
+    node = NodeProcess(write_params(directory, **params), env)
+    client = RosClient(node)
+    try:
+        client.wait_ready()
+        yield client
+    finally:
+        client.close()
+        node.stop()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from node_harness import REPO, NodeProcess, RosClient, write_params
+from node_harness import REPO, NodeProcess, RosClient, running_node, write_params
 
 LONG_ANSWER = "Count from 1 to 200, one number per line."
 
@@ -19,18 +19,10 @@ def release(client, session_id):
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory, ros_env_module):
-    directory = tmp_path_factory.mktemp("faults")
-    params = write_params(directory, max_sessions=4, max_new_tokens=200, session_idle_timeout_s=20.0,
-                          max_context_tokens=640, kv_pool_mb=32.0,
-                          max_pending_per_session=4, max_queued_requests=16, max_input_chars=1000)
-    node = NodeProcess(params, ros_env_module)
-    client = RosClient(node)
-    try:
-        client.wait_ready()
+    with running_node(tmp_path_factory.mktemp("faults"), ros_env_module, max_sessions=4, max_new_tokens=200,
+                      session_idle_timeout_s=20.0, max_context_tokens=640, kv_pool_mb=32.0,
+                      max_pending_per_session=4, max_queued_requests=16, max_input_chars=1000) as client:
         yield client
-    finally:
-        client.close()
-        node.stop()
 
 
 def test_client_vanishing_mid_stream_changes_nothing(faulty, ros_env_module):

@@ -1,11 +1,10 @@
 """The node in its own process, real rclpy clients here, the real model and real interfaces."""
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from node_harness import REPO, NodeProcess, RosClient, write_params
+from node_harness import REPO, running_node, write_params
 
 SYSTEM_PROMPT = "You are the assistant of CNC cell 3 (Haas VF-2). Units: mm. Answer briefly."
 
@@ -15,15 +14,8 @@ def node_client(tmp_path_factory, ros_env_module):
     directory = tmp_path_factory.mktemp("node")
     prompt = directory / "prompt.txt"
     prompt.write_text(SYSTEM_PROMPT)
-    params = write_params(directory, system_prompt_file=str(prompt))
-    node = NodeProcess(params, ros_env_module)
-    client = RosClient(node)
-    try:
-        client.wait_ready()
+    with running_node(directory, ros_env_module, system_prompt_file=str(prompt)) as client:
         yield client
-    finally:
-        client.close()
-        node.stop()
 
 
 def assert_well_formed(chunks):
