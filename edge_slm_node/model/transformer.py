@@ -11,7 +11,7 @@ from ..kernels import ops
 from ..kernels.attention import paged_attention, write_kv
 from ..kernels.half import HALF_TO_FLOAT
 from .config import ModelConfig
-from .linear import PreparedInput
+from .linear import FusedLinear, PreparedInput
 from .quant import Q8_0, dequantize
 from .weights import ModelWeights
 
@@ -67,6 +67,10 @@ class Transformer:
         self.logits = np.zeros((max_logits_rows, c.vocab_size), f32)
         self.final_normed = np.zeros((max_logits_rows, c.hidden_size), f32)
         layer0 = weights.layers[0]
+        # q|k|v and gate|up each run as one kernel call over concatenated packed rows (one thread
+        # wake-up and one pass over the shared input instead of three / two); same results.
+        self.qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
+        self.gate_up = [FusedLinear([l.gate, l.up]) for l in weights.layers]
         self.normed_input = PreparedInput(t, c.hidden_size, layer0.q.needs_q8, layer0.q.needs_half)
         self.attn_input = PreparedInput(t, c.q_size, layer0.o.needs_q8, layer0.o.needs_half)
         self.ffn_input = PreparedInput(t, c.intermediate_size, layer0.down.needs_q8, layer0.down.needs_half)
@@ -111,9 +115,7 @@ class Transformer:
         for index, layer in enumerate(self.weights.layers):
             ops.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps, normed)
             prepared = self.normed_input.prepare(normed)
-            layer.q.apply(prepared, q)
-            layer.k.apply(prepared, k)
-            layer.v.apply(prepared, v)
+            self.qkv[index].apply(prepared, (q, k, v))
             if layer.q_bias is not None:
                 ops.add_bias(q, layer.q_bias)
                 ops.add_bias(k, layer.k_bias)
@@ -129,8 +131,7 @@ class Transformer:
             ops.add_in_place(hidden, proj)
             ops.rms_norm(hidden, layer.ffn_norm, c.rms_norm_eps, normed)
             prepared = self.normed_input.prepare(normed)
-            layer.gate.apply(prepared, gate)
-            layer.up.apply(prepared, up)
+            self.gate_up[index].apply(prepared, (gate, up))
             ops.silu_mul(gate, up, gate)
             layer.down.apply(self.ffn_input.prepare(gate), proj)
             ops.add_in_place(hidden, proj)

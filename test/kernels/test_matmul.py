@@ -1,9 +1,13 @@
-"""Quantized matmuls: packed kernels bit-equal to the GGUF-layout kernels, close to NumPy."""
+"""Quantized matmuls: packed and GGUF-layout kernels bit-equal to scalar references (Q4_1, Q8_0 in
+llama.cpp's summation order), close to NumPy."""
+import base64
+import json
 import mmap
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from numba import njit
 from edge_slm_node.kernels import matmul
 from edge_slm_node.model import linear as linear_module
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
+from edge_slm_node.kernels.ops import fma_f32
 from edge_slm_node.kernels.quantize import quantize_rows_q8
 from edge_slm_node.kernels.repack import repack, unpack
 from edge_slm_node.model.linear import FusedLinear, PreparedInput, QuantizedLinear, release_file_pages
@@ -20,27 +25,46 @@ from edge_slm_node.model.quant import F16, F32, Q4_0, Q4_1, Q8_0, dequantize, qu
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-# The kernels as they were before repacking (serial copies), frozen here as the bitwise reference.
+# Scalar references, one output value at a time, straight from the GGUF bytes. Q4_1 and Q8_0:
+# llama.cpp's x86 AVX2+FMA order (ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0): 8 float
+# lanes, lane l = the 4-weight group l of each block (Q4_1: lanes 0-3 the low nibbles of bytes
+# 4l..4l+3, lanes 4-7 their high nibbles), lane = fma(d_w*d_x, isum, lane) block by block,
+# summs = fma(m, s, summs), result ((a4+a0)+(a6+a2)) + ((a5+a1)+(a7+a3)) + summs.
+# Q4_0: the kernels' simple order (acc += d_w*d_x*isum per block), not llama.cpp's.
 @njit
-def _original_q4_1(weights, xq, xd, xs, half_to_float, out):
+def _half(row, at, half_to_float):
+    return half_to_float[np.int64(row[at]) | (np.int64(row[at + 1]) << 8)]
+
+
+@njit
+def _llama_hsum(lanes):
+    return ((lanes[4] + lanes[0]) + (lanes[6] + lanes[2])) + ((lanes[5] + lanes[1]) + (lanes[7] + lanes[3]))
+
+
+@njit
+def _llama_q4_1(weights, xq, xd, xs, half_to_float, out):
+    lanes = np.zeros(8, np.float32)
     for r in range(weights.shape[0]):
         row = weights[r]
         for t in range(xd.shape[0]):
-            acc = np.float32(0.0)
+            lanes[:] = 0
+            summs = np.float32(0.0)
             for b in range(xd.shape[1]):
                 base = b * 20
-                d = half_to_float[np.int64(row[base]) | (np.int64(row[base + 1]) << 8)]
-                m = half_to_float[np.int64(row[base + 2]) | (np.int64(row[base + 3]) << 8)]
-                isum = np.int32(0)
-                for j in range(16):
-                    byte = np.int32(row[base + 4 + j])
-                    isum += (byte & 15) * np.int32(xq[t, b * 32 + j]) + (byte >> 4) * np.int32(xq[t, b * 32 + 16 + j])
-                acc += d * xd[t, b] * np.float32(isum) + m * xs[t, b]
-            out[t, r] = acc
+                dd = _half(row, base, half_to_float) * xd[t, b]
+                summs = fma_f32(_half(row, base + 2, half_to_float), xs[t, b], summs)
+                for lane in range(8):
+                    isum = 0
+                    for e in range(4):
+                        byte = np.int32(row[base + 4 + 4 * (lane % 4) + e])
+                        nibble = byte & 15 if lane < 4 else byte >> 4
+                        isum += nibble * np.int32(xq[t, b * 32 + 4 * lane + e])
+                    lanes[lane] = fma_f32(dd, np.float32(isum), lanes[lane])
+            out[t, r] = _llama_hsum(lanes) + summs
 
 
 @njit
-def _original_q4_0(weights, xq, xd, half_to_float, out):
+def _simple_q4_0(weights, xq, xd, half_to_float, out):
     for r in range(weights.shape[0]):
         row = weights[r]
         for t in range(xd.shape[0]):
@@ -57,29 +81,31 @@ def _original_q4_0(weights, xq, xd, half_to_float, out):
 
 
 @njit
-def _original_q8_0(weights, xq, xd, half_to_float, out):
+def _llama_q8_0(weights, xq, xd, half_to_float, out):
     signed = weights.view(np.int8)
+    lanes = np.zeros(8, np.float32)
     for r in range(weights.shape[0]):
         for t in range(xd.shape[0]):
-            acc = np.float32(0.0)
+            lanes[:] = 0
             for b in range(xd.shape[1]):
                 base = b * 34
-                d = half_to_float[np.int64(weights[r, base]) | (np.int64(weights[r, base + 1]) << 8)]
-                isum = np.int32(0)
-                for j in range(32):
-                    isum += np.int32(signed[r, base + 2 + j]) * np.int32(xq[t, b * 32 + j])
-                acc += d * xd[t, b] * np.float32(isum)
-            out[t, r] = acc
+                dd = _half(weights[r], base, half_to_float) * xd[t, b]
+                for lane in range(8):
+                    isum = 0
+                    for e in range(4):
+                        isum += np.int32(signed[r, base + 2 + 4 * lane + e]) * np.int32(xq[t, b * 32 + 4 * lane + e])
+                    lanes[lane] = fma_f32(dd, np.float32(isum), lanes[lane])
+            out[t, r] = _llama_hsum(lanes)
 
 
-def _original(raw, quant, prepared):
+def _scalar_reference(raw, quant, prepared):
     out = np.zeros((prepared.num_tokens, raw.shape[0]), np.float32)
     if quant is Q4_1:
-        _original_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+        _llama_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
     elif quant is Q4_0:
-        _original_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        _simple_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
     else:
-        _original_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        _llama_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
     return out
 
 
@@ -134,17 +160,50 @@ def _raw(quant, rows, length, seed):
 @pytest.mark.parametrize("rows", [1, 7, 8, 13, 37])
 @pytest.mark.parametrize("length", [32, 64, 576, 1536])
 @pytest.mark.parametrize("tokens", [1, 3, 17])
-def test_packed_kernels_bit_equal_to_gguf_kernels(quant, rows, length, tokens, threading):
+def test_kernels_bit_equal_to_scalar_reference(quant, rows, length, tokens, threading):
     raw = _raw(quant, rows, length, seed=rows * 1000 + length)
     prepared = _prepared(tokens, length, seed=tokens)
     linear = QuantizedLinear("w", raw, quant, length)
     out = np.full((tokens, rows), np.nan, np.float32)
     linear.apply(prepared, out)
-    original = _original(raw, quant, prepared)
-    np.testing.assert_array_equal(out, original)
-    np.testing.assert_array_equal(_gguf_reference_kernel(raw, quant, prepared), original)
+    expected = _scalar_reference(raw, quant, prepared)
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(_gguf_reference_kernel(raw, quant, prepared), expected)
     ref, scale = _numpy_reference(raw, quant, prepared)
     assert np.all(np.abs(out - ref) <= 1e-3 * np.abs(ref) + 1e-5 * scale)
+
+
+GGML_FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "ggml_matmul_fixture.json").read_text())
+
+
+def _ggml_case_inputs(case):
+    """The fixture's GGUF weight bytes and ggml Q8_1 / Q8_0 activation blocks as a PreparedInput."""
+    rows, length, tokens = case["rows"], case["length"], case["tokens"]
+    raw = np.frombuffer(base64.b64decode(case["weights"]), np.uint8).reshape(rows, -1).copy()
+    size = 36 if case["quant"] == "Q4_1" else 34          # block_q8_1: d, s, qs[32]; block_q8_0: d, qs[32]
+    blocks = np.frombuffer(base64.b64decode(case["activations"]), np.uint8).reshape(tokens, length // 32, size)
+    halves = lambda at: np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
+    prepared = PreparedInput(tokens, length, True, False)
+    prepared.num_tokens = tokens
+    prepared.xd = halves(0)
+    prepared.xs = halves(2) if size == 36 else np.zeros_like(prepared.xd)
+    prepared.xq = np.ascontiguousarray(blocks[:, :, size - 32:]).view(np.int8).reshape(tokens, length)
+    return raw, prepared
+
+
+@pytest.mark.parametrize("case", GGML_FIXTURE["cases"],
+                         ids=[f"{c['quant']}-{c['rows']}x{c['length']}-T{c['tokens']}" for c in GGML_FIXTURE["cases"]])
+def test_kernels_equal_llama_cpp_vec_dot(case, threading):
+    """Bit-equal to llama.cpp's own ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 (AVX2+FMA build),
+    whose outputs make_ggml_matmul_fixture.py recorded: packed groups, tail rows, token tiles."""
+    quant = {"Q4_1": Q4_1, "Q8_0": Q8_0}[case["quant"]]
+    raw, prepared = _ggml_case_inputs(case)
+    want = np.array(case["out"], np.uint32).view(np.float32).reshape(case["tokens"], case["rows"])
+    out = np.full(want.shape, np.nan, np.float32)
+    QuantizedLinear("w", raw, quant, case["length"]).apply(prepared, out)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(_gguf_reference_kernel(raw, quant, prepared), want)
+    np.testing.assert_array_equal(_scalar_reference(raw, quant, prepared), want)
 
 
 @pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
@@ -172,7 +231,7 @@ def test_fused_linear_equals_separate_parts(quant, part_rows, tokens, threading)
     fused.apply(prepared, outs)
     for got, want, part in zip(outs, separate, parts):
         np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(got, _original(part.raw, quant, prepared))
+        np.testing.assert_array_equal(got, _scalar_reference(part.raw, quant, prepared))
     for part, out in zip(parts, separate):         # the parts still work alone (packed are views)
         again = np.zeros_like(out)
         part.apply(prepared, again)
@@ -224,7 +283,7 @@ def test_release_file_pages_only_touches_file_mappings(tmp_path):
 
 _GENERIC_CHECK = textwrap.dedent("""
     import numpy as np
-    from test_matmul import _original, _prepared, _raw
+    from test_matmul import _scalar_reference, _prepared, _raw
     from edge_slm_node.model import linear
     from edge_slm_node.model.linear import QuantizedLinear
     from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0
@@ -235,7 +294,7 @@ _GENERIC_CHECK = textwrap.dedent("""
             prepared = _prepared(tokens, length, seed=tokens)
             out = np.zeros((tokens, rows), np.float32)
             QuantizedLinear("w", raw, quant, length).apply(prepared, out)
-            assert np.array_equal(out, _original(raw, quant, prepared)), (quant.name, rows, length, tokens)
+            assert np.array_equal(out, _scalar_reference(raw, quant, prepared)), (quant.name, rows, length, tokens)
     print("generic ok")
 """)
 

@@ -1,0 +1,361 @@
+"""SIMD primitives for the packed matmuls: numba intrinsics over LLVM vector types.
+
+On x86 with AVX2 they use pmaddubsw / pmaddwd / vcvtph2ps; elsewhere the same semantics are
+emitted as generic LLVM vector code (slower, still exact). All integer sums are exact for the
+value ranges used: nibble (0..15) x int8 pairs <= 2*15*128 in int16, int8 x int8 pairs in
+int32. Float ops are IEEE float32 and never contracted: `mul` and `add` round each result,
+`fma` rounds once (llvm.fma: vfmadd on FMA CPUs, an exact software fma elsewhere).
+Note: numba's cache does not notice edits to this file; clear __pycache__ after changing it.
+"""
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+
+# ---------------------------------------------------------------------- vector types (numba)
+
+class Vector(types.Type):
+    """An LLVM vector value held in registers, e.g. Vector('i16', 16)."""
+
+    def __init__(self, kind: str, count: int):
+        self.kind = kind
+        self.count = count
+        super().__init__(name=f"Vector({kind}x{count})")
+
+
+_ELEMENT = {"i8": ir.IntType(8), "i16": ir.IntType(16), "i32": ir.IntType(32), "f32": ir.FloatType()}
+
+
+@register_model(Vector)
+class _VectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(_ELEMENT[fe_type.kind], fe_type.count))
+
+
+I8x32 = Vector("i8", 32)
+I16x16 = Vector("i16", 16)
+I32x8 = Vector("i32", 8)
+F32x8 = Vector("f32", 8)
+
+_I32 = ir.IntType(32)
+
+
+def _vec(kind, count):
+    return ir.VectorType(_ELEMENT[kind], count)
+
+
+def _const(kind, count, value):
+    return ir.Constant(_vec(kind, count), [value] * count)
+
+
+def _has_features(context, *features) -> bool:
+    """True when numba compiles for an x86 CPU with all of `features` (e.g. 'avx2')."""
+    try:
+        enabled = context.codegen()._tm_features.split(",")
+    except AttributeError:                              # unknown numba internals: stay generic
+        return False
+    return all(f"+{f}" in enabled for f in features)
+
+
+def _is_byte_row(arr) -> bool:
+    return (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
+            and arr.dtype in (types.uint8, types.int8))
+
+
+def _pointer(context, builder, arr_type, arr, index_type, index, element_type):
+    """&arr[index] (byte-addressed for u8/i8 arrays, element-addressed otherwise) as element_type*."""
+    data = context.make_array(arr_type)(context, builder, arr).data
+    position = context.cast(builder, index, index_type, types.intp)
+    return builder.bitcast(builder.gep(data, [position]), element_type.as_pointer())
+
+
+def _splat(builder, scalar, vector_type):
+    empty = ir.Constant(vector_type, None)
+    first = builder.insert_element(empty, scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, empty, ir.Constant(ir.VectorType(_I32, vector_type.count), [0] * vector_type.count))
+
+
+def _pair_sums(builder, wide, count):
+    """Vector of 2*count lanes -> count lanes, lane i = lane 2i + lane 2i+1."""
+    mask = ir.VectorType(_I32, count)
+    even = builder.shuffle_vector(wide, wide, ir.Constant(mask, list(range(0, 2 * count, 2))))
+    odd = builder.shuffle_vector(wide, wide, ir.Constant(mask, list(range(1, 2 * count, 2))))
+    return builder.add(even, odd)
+
+
+def _x86_call(builder, name, result_type, args):
+    fn_type = ir.FunctionType(result_type, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
+
+
+# ------------------------------------------------------------------------- SIMD primitives
+
+@intrinsic
+def load_i8x32(typingctx, arr, index):
+    """arr[index:index+32] of a contiguous 1-D byte array -> I8x32."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 32))
+        return builder.load(p, align=1)
+    return I8x32(arr, index), codegen
+
+
+@intrinsic
+def broadcast_i8x4(typingctx, arr, index):
+    """arr[index:index+4] repeated 8 times -> I8x32."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=1)
+        return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i8", 32))
+    return I8x32(arr, index), codegen
+
+
+@intrinsic
+def low_nibbles(typingctx, v):
+    """byte & 15 for each of the 32 bytes."""
+    if v != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _const("i8", 32, 15))
+    return I8x32(v), codegen
+
+
+@intrinsic
+def high_nibbles(typingctx, v):
+    """byte >> 4 (unsigned) for each of the 32 bytes."""
+    if v != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _const("i8", 32, 4))
+    return I8x32(v), codegen
+
+
+@intrinsic
+def dot_pairs_u8_i8(typingctx, unsigned, signed):
+    """u (unsigned bytes) * s (signed bytes), adjacent products summed -> I16x16.
+
+    Exact while |u0*s0 + u1*s1| <= 32767 (pmaddubsw saturates beyond)."""
+    if unsigned != I8x32 or signed != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec("i16", 16), args)
+        wide = _vec("i16", 32)
+        products = builder.mul(builder.zext(args[0], wide), builder.sext(args[1], wide))
+        return _pair_sums(builder, products, 16)
+    return I16x16(unsigned, signed), codegen
+
+
+@intrinsic
+def add_pairs_i16(typingctx, v):
+    """I16x16 -> I32x8, lane i = v[2i] + v[2i+1] (exact)."""
+    if v != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), [args[0], _const("i16", 16, 1)])
+        return _pair_sums(builder, builder.sext(args[0], _vec("i32", 16)), 8)
+    return I32x8(v), codegen
+
+
+@intrinsic
+def dot_pairs_i16(typingctx, a, b):
+    """I16x16 * I16x16, adjacent products summed -> I32x8 (exact)."""
+    if a != I16x16 or b != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), args)
+        wide = _vec("i32", 16)
+        products = builder.mul(builder.sext(args[0], wide), builder.sext(args[1], wide))
+        return _pair_sums(builder, products, 8)
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def load_i8x16_as_i16(typingctx, arr, index):
+    """arr[index:index+16] signed bytes -> I16x16 (sign-extended)."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 16))
+        return builder.sext(builder.load(p, align=1), _vec("i16", 16))
+    return I16x16(arr, index), codegen
+
+
+@intrinsic
+def broadcast_i16x2(typingctx, arr, index):
+    """int16 arr[index], arr[index+1] repeated 8 times -> I16x16."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.int16
+            and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=2)
+        return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i16", 16))
+    return I16x16(arr, index), codegen
+
+
+@intrinsic
+def load_halves_as_f32(typingctx, arr, index):
+    """8 fp16 values in the 16 little-endian bytes arr[index:index+16] -> F32x8 (exact)."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "f16c"):
+            p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.VectorType(ir.HalfType(), 8))
+            return builder.fpext(builder.load(p, align=1), _vec("f32", 8))
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i16", 8))
+        h = builder.zext(builder.load(p, align=1), _vec("i32", 8))
+        # f32 bits with the half's exponent unbiased by 112, then x 2^112 (also exact for subnormals);
+        # exponent 31 (inf / nan) gets the f32 all-ones exponent instead.
+        bits = builder.or_(builder.shl(builder.and_(h, _const("i32", 8, 0x7FFF)), _const("i32", 8, 13)),
+                           builder.shl(builder.and_(h, _const("i32", 8, 0x8000)), _const("i32", 8, 16)))
+        value = builder.fmul(builder.bitcast(bits, _vec("f32", 8)), _const("f32", 8, 2.0 ** 112))
+        special = builder.icmp_unsigned("==", builder.and_(h, _const("i32", 8, 0x7C00)), _const("i32", 8, 0x7C00))
+        inf_nan = builder.bitcast(builder.or_(bits, _const("i32", 8, 0x7F800000)), _vec("f32", 8))
+        return builder.select(special, inf_nan, value)
+    return F32x8(arr, index), codegen
+
+
+@intrinsic
+def add(typingctx, a, b):
+    """Lane-wise a + b (integer wrap-around / IEEE float32)."""
+    if not isinstance(a, Vector) or a != b:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if sig.args[0].kind == "f32":
+            return builder.fadd(args[0], args[1])
+        return builder.add(args[0], args[1])
+    return a(a, b), codegen
+
+
+@intrinsic
+def mul(typingctx, a, b):
+    """Lane-wise a * b (float32, IEEE, rounded: never fused with an add)."""
+    if a != F32x8 or b != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+    return F32x8(a, b), codegen
+
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c rounded once: lane-wise for F32x8 (llvm.fma.v8f32), or float32 scalars (llvm.fma.f32)."""
+    if a == F32x8 and b == F32x8 and c == F32x8:
+        result, llvm_type, name = F32x8, _vec("f32", 8), "llvm.fma.v8f32"
+    elif all(isinstance(x, types.Float) and x.bitwidth == 32 for x in (a, b, c)):
+        result, llvm_type, name = types.float32, ir.FloatType(), "llvm.fma.f32"
+    else:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fn_type = ir.FunctionType(llvm_type, [llvm_type] * 3)
+        return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
+    return result(a, b, c), codegen
+
+
+@intrinsic
+def to_f32(typingctx, v):
+    """I32x8 -> F32x8 (exact below 2^24)."""
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], _vec("f32", 8))
+    return F32x8(v), codegen
+
+
+@intrinsic
+def splat_f32(typingctx, x):
+    """float32 scalar -> F32x8."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.float32)
+        return _splat(builder, value, _vec("f32", 8))
+    return F32x8(x), codegen
+
+
+@intrinsic
+def splat_i32(typingctx, x):
+    """integer scalar -> I32x8 (truncated to 32 bits)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.int32)
+        return _splat(builder, value, _vec("i32", 8))
+    return I32x8(x), codegen
+
+
+@intrinsic
+def zeros_i32x8(typingctx):
+    def codegen(context, builder, sig, args):
+        return _const("i32", 8, 0)
+    return I32x8(), codegen
+
+
+@intrinsic
+def zeros_f32x8(typingctx):
+    def codegen(context, builder, sig, args):
+        return _const("f32", 8, 0.0)
+    return F32x8(), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint: bring the cache line of byte arr[index] (contiguous 1-D byte array) into cache."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(8))
+        fn_type = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fn_type, "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, index), codegen
+
+
+@intrinsic
+def load_f32x8(typingctx, arr, index):
+    """arr[index:index+8] of a contiguous 1-D float32 array -> F32x8."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.float32
+            and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("f32", 8))
+        return builder.load(p, align=4)
+    return F32x8(arr, index), codegen
+
+
+@intrinsic
+def store_f32x8(typingctx, arr, index, v):
+    """arr[index:index+8] = v for a contiguous 1-D float32 array."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.float32
+            and isinstance(index, types.Integer) and v == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("f32", 8))
+        builder.store(args[2], p, align=4)
+        return context.get_dummy_value()
+    return types.none(arr, index, v), codegen
