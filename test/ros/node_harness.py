@@ -29,6 +29,7 @@ def write_params(directory: Path, **overrides) -> Path:
 
 class NodeProcess:
     def __init__(self, params_file: Path, env: dict):
+        self.env = env
         self.output = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "edge_slm_node.ros.node", "--ros-args", "--params-file", str(params_file)],
@@ -65,7 +66,7 @@ class RosClient:
 
         self.node_process = node_process
         self.context = rclpy.Context()
-        rclpy.init(context=self.context)
+        rclpy.init(context=self.context, domain_id=int(node_process.env["ROS_DOMAIN_ID"]))
         self.node = rclpy.create_node("edge_slm_test_client", context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)

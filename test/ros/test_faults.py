@@ -129,8 +129,9 @@ def test_idle_session_expires_and_shows_on_status(faulty):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_the_node_mid_generation(tmp_path, ros_env_module, sig):
-    node = NodeProcess(write_params(tmp_path, max_new_tokens=200, max_context_tokens=640, kv_pool_mb=32.0),
-                       ros_env_module)
+    # a domain of its own: the module's long-lived node must not answer for this one
+    env = dict(ros_env_module, ROS_DOMAIN_ID=str(int(ros_env_module["ROS_DOMAIN_ID"]) + 1))
+    node = NodeProcess(write_params(tmp_path, max_new_tokens=200, max_context_tokens=640, kv_pool_mb=32.0), env)
     client = RosClient(node)
     try:
         client.wait_ready()
