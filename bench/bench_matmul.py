@@ -1,6 +1,7 @@
 """Quantized matmul speed on the real SmolLM2 shapes: GGUF-layout reference vs packed kernels.
 
     python bench/bench_matmul.py [--tokens 1 64] [--rounds 7] [--no-reference] [--only gate head]
+                                 [--baseline REV] [--threads 1 2]
 
 Variants are timed interleaved in one process (round-robin, median of per-round medians), at
 1 and 2 numba threads. The weights of one matrix stay cache-resident between calls; the
@@ -8,25 +9,35 @@ Variants are timed interleaved in one process (round-robin, median of per-round 
 weights stream from memory as in real decoding (T=1): per layer 7 calls (q, k, v, o, gate,
 up, down) unfused, or 4 (qkv, o, gate|up, down) fused. "on pool": every call on numba's thread pool;
 otherwise calls below linear.PARALLEL_MIN_BYTES / PARALLEL_MIN_MACS run on the calling thread.
+--cpu-time: this thread's CPU time instead of wall time, 1 thread (other processes' time slices
+are not counted; use it on a shared machine). --baseline REV: also times the package as of git revision REV (a temporary copy importable as
+edge_slm_node_baseline, with its own weights), interleaved with the working tree: before/after
+in one process ("baseline ..." rows).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import io
 import os
+import re
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+REPO_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, REPO_ROOT)
 
 from edge_slm_node.kernels import matmul  # noqa: E402
 from edge_slm_node.kernels.half import HALF_TO_FLOAT  # noqa: E402
 from edge_slm_node.model import linear as linear_module  # noqa: E402
-from edge_slm_node.model.linear import FusedLinear, PreparedInput  # noqa: E402
-from edge_slm_node.model.loader import load_model  # noqa: E402
+from edge_slm_node.model import loader as loader_module  # noqa: E402
 from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0  # noqa: E402
 
 
@@ -53,17 +64,64 @@ def on_pool(fn):
     return run
 
 
+def load_baseline(rev: str):
+    """edge_slm_node as of git revision `rev`, copied to a temporary directory under the name
+    edge_slm_node_baseline -> (its model.loader, its model.linear)."""
+    archive = subprocess.run(["git", "-C", REPO_ROOT, "archive", rev, "edge_slm_node"], check=True,
+                             capture_output=True).stdout
+    target = tempfile.mkdtemp(prefix="bench_baseline_")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(target)
+    package = os.path.join(target, "edge_slm_node_baseline")
+    os.rename(os.path.join(target, "edge_slm_node"), package)
+    for folder, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as handle:
+                    text = handle.read()
+                with open(path, "w") as handle:
+                    handle.write(re.sub(r"\bedge_slm_node\b", "edge_slm_node_baseline", text))
+    sys.path.insert(0, target)
+    return (importlib.import_module("edge_slm_node_baseline.model.loader"),
+            importlib.import_module("edge_slm_node_baseline.model.linear"))
+
+
+class Package:
+    """One version of the package under test: its model, fused q|k|v and gate|up, PreparedInput."""
+
+    def __init__(self, label: str, loader, linear):
+        self.label = label
+        self.linear = linear
+        self.model = loader.load_model()
+        self.qkv = [linear.FusedLinear([l.q, l.k, l.v]) for l in self.model.weights.layers]
+        self.gate_up = [linear.FusedLinear([l.gate, l.up]) for l in self.model.weights.layers]
+
+    def shapes(self):
+        layer, weights = self.model.weights.layers[0], self.model.weights
+        return [("q 576x576", layer.q), ("k 192x576", layer.k), ("o 576x576", layer.o),
+                ("gate 1536x576", layer.gate), ("down 576x1536", layer.down),
+                ("head 49152x576 Q8_0", weights.output),
+                ("qkv 960x576 fused", self.qkv[0]), ("gate|up 3072x576 fused", self.gate_up[0])]
+
+    def variant(self, name: str) -> str:
+        return f"{self.label}{name}"
+
+
 @njit(parallel=True)
 def empty_region(a):
     for i in prange(a.shape[0]):
         a[i] += 1.0
 
 
+CLOCK = time.perf_counter      # --cpu-time: time.thread_time (this thread's CPU time; 1 thread only)
+
+
 def time_calls(fn, calls: int) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (CLOCK() - start) / calls
 
 
 def interleaved(candidates: dict, rounds: int, budget: float = 0.02) -> dict:
@@ -92,53 +150,63 @@ def main() -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip the slow GGUF-layout kernels")
     parser.add_argument("--only", nargs="*", default=None, help="shapes whose name starts with one of these")
     parser.add_argument("--no-decode-pass", action="store_true")
+    parser.add_argument("--baseline", metavar="REV", help="also time the package at this git revision")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this thread's CPU time, 1 thread only (steadier on a shared machine)")
     args = parser.parse_args()
+    if args.cpu_time:
+        global CLOCK
+        CLOCK, args.threads = time.thread_time, [1]
 
-    model = load_model()
+    packages = [Package("", loader_module, linear_module)]
+    if args.baseline:
+        packages.append(Package("baseline ", *load_baseline(args.baseline)))
+        print(f"baseline: git revision {args.baseline}")
+    model = packages[0].model
     weights, config = model.weights, model.config
     layer = weights.layers[0]
-    qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
-    gate_up = [FusedLinear([l.gate, l.up]) for l in weights.layers]
     print(f"numba {numba.__version__}, threading layer ", end="")
     probe = np.zeros(2)
     empty_region(probe)
     print(f"{numba.threading_layer()}, max threads {numba.config.NUMBA_NUM_THREADS}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load average {os.getloadavg()[0]:.1f}")
-    region = interleaved({f"{n}": (n, lambda: empty_region(probe)) for n in (1, 2)}, args.rounds)
+    region = interleaved({f"{n}": (n, lambda: empty_region(probe)) for n in args.threads}, args.rounds)
     print("empty prange region: " + ", ".join(f"{n} thread(s) {s * 1e6:.1f} us" for n, s in region.items()))
 
-    rng = np.random.default_rng(0)
     print(f"\n{'shape':<22} {'variant':<24} {'threads':>7} {'median us':>12} {'GMAC/s':>8}")
-    singles = [("q 576x576", layer.q), ("k 192x576", layer.k), ("o 576x576", layer.o),
-               ("gate 1536x576", layer.gate), ("down 576x1536", layer.down),
-               ("head 49152x576 Q8_0", weights.output)]
-    fused = [("qkv 960x576 fused", qkv[0]), ("gate|up 3072x576 fused", gate_up[0])]
     for tokens in args.tokens:
         print(f"-- T = {tokens}")
-        for shape, linear in singles + fused:
+        for index, (shape, _) in enumerate(packages[0].shapes()):
             if args.only is not None and not any(shape.startswith(prefix) for prefix in args.only):
                 continue
-            parts = linear.parts if isinstance(linear, FusedLinear) else [linear]
-            k = parts[0].in_features
-            prepared = PreparedInput(tokens, k, True, False).prepare(rng.standard_normal((tokens, k)).astype(np.float32))
-            outs = tuple(np.zeros((tokens, p.out_features), np.float32) for p in parts)
-            macs = tokens * k * sum(p.out_features for p in parts)
             candidates = {}
-            for threads in (1, 2):
-                if isinstance(linear, FusedLinear):
-                    fused_call = lambda: linear.apply(prepared, outs)   # noqa: E731
-                    candidates[("packed fused", threads)] = (threads, fused_call)
-                    candidates[("packed separate", threads)] = (
-                        threads, lambda: [p.apply(prepared, o) for p, o in zip(parts, outs)])
-                    if threads > 1:
-                        candidates[("packed fused, on pool", threads)] = (threads, on_pool(fused_call))
+            for package in packages:
+                linear = package.shapes()[index][1]
+                fused = isinstance(linear, package.linear.FusedLinear)
+                parts = linear.parts if fused else [linear]
+                k = parts[0].in_features
+                x = np.random.default_rng(tokens).standard_normal((tokens, k)).astype(np.float32)
+                prepared = package.linear.PreparedInput(tokens, k, True, False).prepare(x)
+                outs = tuple(np.zeros((tokens, p.out_features), np.float32) for p in parts)
+                macs = tokens * k * sum(p.out_features for p in parts)
+                if fused:
+                    call = (lambda linear=linear, prepared=prepared, outs=outs: linear.apply(prepared, outs))
+                    separate = (lambda parts=parts, prepared=prepared, outs=outs:
+                                [p.apply(prepared, o) for p, o in zip(parts, outs)])
                 else:
-                    packed_call = lambda: linear.apply(prepared, outs[0])   # noqa: E731
-                    candidates[("packed", threads)] = (threads, packed_call)
-                    if threads > 1:
-                        candidates[("packed, on pool", threads)] = (threads, on_pool(packed_call))
-                    if not args.no_reference:
-                        candidates[("reference", threads)] = (threads, lambda: reference_apply(linear, prepared, outs[0]))
+                    call = (lambda linear=linear, prepared=prepared, outs=outs: linear.apply(prepared, outs[0]))
+                for threads in args.threads:
+                    name = "packed fused" if fused else "packed"
+                    candidates[(package.variant(name), threads)] = (threads, call)
+                    if fused and not package.label:
+                        candidates[(package.variant("packed separate"), threads)] = (threads, separate)
+                    if threads > 1 and not package.label:
+                        candidates[(package.variant(name + ", on pool"), threads)] = (threads, on_pool(call))
+                    if not fused and not package.label and not args.no_reference:
+                        candidates[("reference", threads)] = (
+                            threads, lambda linear=linear, prepared=prepared, outs=outs:
+                            reference_apply(linear, prepared, outs[0]))
             result = interleaved(candidates, args.rounds)
             for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
                 row(shape, variant, threads, seconds, macs)
@@ -146,10 +214,36 @@ def main() -> None:
     if args.no_decode_pass:
         return
     print("-- decode pass (T=1, all 30 layers + head, weights streamed from memory)")
+    candidates = {}
+    for package in packages:
+        fused_pass, separate, reference_pass = decode_passes(package, np.random.default_rng(0))
+        for threads in args.threads:
+            candidates[(package.variant("packed fused, 4/layer"), threads)] = (threads, fused_pass)
+            if package.label:
+                continue
+            candidates[("packed, 7/layer", threads)] = (threads, separate)
+            if threads > 1:
+                candidates[("fused, on pool", threads)] = (threads, on_pool(fused_pass))
+                candidates[("7/layer, on pool", threads)] = (threads, on_pool(separate))
+            if not args.no_reference:
+                candidates[("reference, 7/layer", threads)] = (threads, reference_pass)
+    layer_macs = sum(p.in_features * p.out_features for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down))
+    macs = config.num_layers * layer_macs + config.hidden_size * config.vocab_size
+    result = interleaved(candidates, max(3, args.rounds // 2), budget=0.2)
+    for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row(f"decode pass {macs / 1e6:.0f}M MAC", variant, threads, seconds, macs)
+        print(f"{'':<22} {'':<24} {'':>7} {'-> matmul-only tokens/s':>12} {1 / seconds:.0f}")
+
+
+def decode_passes(package: Package, rng):
+    """-> (fused pass, 7-calls-per-layer pass, GGUF-layout reference pass) of one token through
+    every layer's matmuls and the head, on package's own weights and buffers."""
+    weights, config, linear = package.model.weights, package.model.config, package.linear
+    qkv, gate_up = package.qkv, package.gate_up
     hidden, inter = config.hidden_size, config.intermediate_size
-    x_hidden = PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
-    x_inter = PreparedInput(1, inter, True, False).prepare(rng.standard_normal((1, inter)).astype(np.float32))
-    x_head = PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
+    x_hidden = linear.PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
+    x_inter = linear.PreparedInput(1, inter, True, False).prepare(rng.standard_normal((1, inter)).astype(np.float32))
+    x_head = linear.PreparedInput(1, hidden, True, False).prepare(rng.standard_normal((1, hidden)).astype(np.float32))
     q, k, v = (np.zeros((1, n), np.float32) for n in (config.q_size, config.kv_size, config.kv_size))
     o, g, u, d = (np.zeros((1, n), np.float32) for n in (hidden, inter, inter, hidden))
     logits = np.zeros((1, config.vocab_size), np.float32)
@@ -170,27 +264,12 @@ def main() -> None:
 
     def reference_pass():
         for l in weights.layers:
-            for linear, x, out in ((l.q, x_hidden, q), (l.k, x_hidden, k), (l.v, x_hidden, v), (l.o, x_hidden, o),
-                                   (l.gate, x_hidden, g), (l.up, x_hidden, u), (l.down, x_inter, d)):
-                reference_apply(linear, x, out)
+            for lin, x, out in ((l.q, x_hidden, q), (l.k, x_hidden, k), (l.v, x_hidden, v), (l.o, x_hidden, o),
+                                (l.gate, x_hidden, g), (l.up, x_hidden, u), (l.down, x_inter, d)):
+                reference_apply(lin, x, out)
         reference_apply(weights.output, x_head, logits)
 
-    layer_macs = sum(p.in_features * p.out_features for p in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down))
-    macs = config.num_layers * layer_macs + hidden * config.vocab_size
-    candidates = {}
-    for threads in (1, 2):
-        candidates[("packed fused, 4/layer", threads)] = (threads, fused_pass)
-        candidates[("packed, 7/layer", threads)] = (threads, separate)
-        if threads > 1:
-            candidates[("fused, on pool", threads)] = (threads, on_pool(fused_pass))
-            candidates[("7/layer, on pool", threads)] = (threads, on_pool(separate))
-        if not args.no_reference:
-            candidates[("reference, 7/layer", threads)] = (threads, reference_pass)
-    result = interleaved(candidates, max(3, args.rounds // 2), budget=0.2)
-    for (variant, threads), seconds in sorted(result.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        row(f"decode pass {macs / 1e6:.0f}M MAC", variant, threads, seconds, macs)
-        print(f"{'':<22} {'':<24} {'':>7} {'-> matmul-only tokens/s':>12} {1 / seconds:.0f}")
-
+    return fused_pass, separate, reference_pass
 
 if __name__ == "__main__":
     main()
