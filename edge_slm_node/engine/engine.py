@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import uuid
 from collections import deque
 from typing import Callable, Iterator, Optional
@@ -17,13 +16,12 @@ import numba
 
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
-from ..kv.block_pool import NoFreeBlocksError
 from ..model.loader import LoadedModel, load_model
 from ..model.transformer import Transformer
 from ..model.utf8_stream import Utf8StreamDecoder
 from .batch import BatchBuilder
 from .config import ConfigError, EngineConfig
-from .request import FinishReason, Request, RequestState, TokenEvent
+from .request import FinishReason, Request, TokenEvent
 from .sampling import InvalidRequestError, Sampler, SamplingParams
 from .scheduler import PREFIX_SEQ_KEY, Scheduler
 from .session import Session

@@ -4,7 +4,7 @@ Q8_0 is the partner of Q8_0 and Q4_0 weights, Q8_1 (which adds s = d * sum(q)) o
 Scales are rounded through fp16 exactly as they are stored in ggml's block structs.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .half import round_to_half
 
