@@ -41,15 +41,13 @@ model/linear.py picks by the size of the call.
 Threads: numba's `omp` layer (GNU libgomp) by default lets idle workers spin for a long time
 after each parallel region. With other processes on the 2 cores, a spinning worker gets
 preempted and every region then waits for its next time slice (measured: an empty region
-went from ~4 us to ~11 ms, a decode pass from ~10 ms to ~1 s). Importing this module
-therefore sets OMP_WAIT_POLICY=PASSIVE (unless the process already set it) before numba
-starts its threads: regions then cost ~12-20 us (a futex wake) but stay that cheap under
+went from ~4 us to ~11 ms, a decode pass from ~10 ms to ~1 s). Importing the kernels package
+therefore sets OMP_WAIT_POLICY=PASSIVE (kernels/__init__.py, unless the process already set
+it) before numba starts its threads: regions then cost ~12-20 us (a futex wake) but stay that cheap under
 load. It only takes effect if no parallel numba code has run yet in the process.
 Note: numba's cache does not notice edits to imported modules (simd.py, repack.py); clear
 __pycache__ after changing them.
 """
-import os
-
 import numpy as np
 from numba import njit, prange
 
@@ -58,7 +56,6 @@ from .simd import (add, add_pairs_i16, broadcast_i16x2, broadcast_i8x4, dot_pair
                    high_nibbles, load_f32x8, load_halves_as_f32, load_i8x16_as_i16, load_i8x32, low_nibbles, mul,
                    prefetch, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")    # see "Threads" above; before numba's first region
 
 # Decode (one token) streams the weights from memory: each block also prefetches the bytes
 # this far ahead (the next group, contiguous); measured ~1.3x on the whole decode pass.

@@ -10,7 +10,7 @@ notice edits here; clear kernels/__pycache__ after changing them.
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 F32 = np.float32
@@ -173,14 +173,14 @@ def rope_tables(max_positions, rotary_dims, freq_base):
     return cos, sin
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def apply_rope(x, positions, cos, sin, neox):
     """x (T, heads, head_dim) rotated in place by positions (T,); neox pairs (i, i+d/2), else (2i, 2i+1).
 
     x0' = fma(x0, cos, -(x1 sin)), x1' = fma(x0, sin, x1 cos), as ggml's compiled rotate_pairs."""
     num_tokens, num_heads, head_dim = x.shape
     half = cos.shape[1]
-    for t in prange(num_tokens):
+    for t in range(num_tokens):
         p = positions[t]
         for h in range(num_heads):
             for i in range(half):

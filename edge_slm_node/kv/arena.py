@@ -13,7 +13,13 @@ def bytes_per_token(config: ModelConfig) -> int:
 
 
 class KVArena:
-    """data: (layers, 2, num_blocks, block_size, kv_heads, head_dim) uint16; index 0 = K, 1 = V."""
+    """data: (layers, 2, num_blocks, block_size, kv_heads, head_dim) uint16; index 0 = K, 1 = V.
+
+    That is the indexing order; in memory each (block, kv_head) tile of block_size x head_dim
+    is contiguous (storage order layers, 2, blocks, kv_heads, block_size, head_dim), so the
+    attention kernel reads one tile per block and head as one stream. `data` is a strided view
+    of that storage: index it, slice it, assign into it; don't reshape it expecting a copy-free view.
+    """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
@@ -24,9 +30,10 @@ class KVArena:
         self.bytes_per_block = self.bytes_per_token * block_size
         # np.zeros maps untouched pages lazily; touch them now so the pool's memory is real at
         # start (an OOM shows up at launch, not mid-shift).
-        self.data = np.zeros((config.num_layers, 2, num_blocks, block_size, config.num_kv_heads,
-                              config.head_dim), np.uint16)
-        self.data.fill(0)
+        storage = np.zeros((config.num_layers, 2, num_blocks, config.num_kv_heads, block_size,
+                            config.head_dim), np.uint16)
+        storage.fill(0)
+        self.data = storage.transpose(0, 1, 2, 4, 3, 5)
 
     @classmethod
     def from_megabytes(cls, config: ModelConfig, pool_mb: float, block_size: int) -> "KVArena":

@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numba
 import numpy as np
 
 from ..kernels import ops
-from ..kernels.attention import paged_attention, write_kv
+from ..kernels.attention import attention_work, paged_attention, write_kv
 from ..kernels.half import HALF_TO_FLOAT
 from .config import ModelConfig
 from .linear import FusedLinear, PreparedInput
@@ -77,13 +76,9 @@ class Transformer:
         self.output_input = PreparedInput(max_logits_rows, c.hidden_size, weights.output.needs_q8,
                                           weights.output.needs_half)
         self.rope_cos, self.rope_sin = ops.rope_tables(max_context, c.rotary_dims, c.rope_freq_base)
-        threads = numba.config.NUMBA_NUM_THREADS
-        group = c.num_heads // c.num_kv_heads
-        self.scores = np.zeros((threads, group, max_context), f32)
-        self.lanes = np.zeros((threads, group, 32, c.head_dim), f32)
-        self.row_bits = np.zeros((threads, c.head_dim), np.uint32)
-        self.row_values = np.zeros((threads, c.head_dim), f32)
-        self.kv_bits = np.zeros((t, c.head_dim), np.uint16)
+        self.attention_work = attention_work(c.num_heads, c.num_kv_heads, c.head_dim, max_context)
+        self.kv_row = np.zeros(c.head_dim, f32)
+        self.kv_half_bits = np.zeros(8, np.uint16)
         self.attention_scale = np.float32(1.0) / np.sqrt(np.float32(c.head_dim))   # 1.0f/sqrtf(d) as llama.cpp
 
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
@@ -95,7 +90,7 @@ class Transformer:
 
     def forward(self, batch: ForwardBatch, kv_arena: np.ndarray) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
-        head_dim) u16, return logits (len(logits_rows), vocab) — a view of an internal buffer."""
+        head_dim) u16 (KVArena.data), return logits (len(logits_rows), vocab) — a view of an internal buffer."""
         c = self.config
         num_tokens = batch.token_ids.shape[0]
         if num_tokens > self.max_batch_tokens:
@@ -123,10 +118,9 @@ class Transformer:
             ops.apply_rope(heads_q, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
             ops.apply_rope(heads_k, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
             k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
-            write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, self.kv_bits)
+            write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, self.kv_row, self.kv_half_bits)
             paged_attention(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                            batch.token_context, batched, self.attention_scale, self.scores,
-                            self.lanes, self.row_bits, self.row_values, heads_out)
+                            batch.token_context, batched, self.attention_scale, heads_out, self.attention_work)
             layer.o.apply(self.attn_input.prepare(attn), proj)
             ops.add_in_place(hidden, proj)
             ops.rms_norm(hidden, layer.ffn_norm, c.rms_norm_eps, normed)

@@ -1,0 +1,100 @@
+"""Where one decoded token's time goes: wraps the transformer's kernels with timers.
+
+    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2]
+
+Runs the real engine (bundled model, no system prompt) with `--sessions` sessions decoding at
+once and prints milliseconds per decode step by part; "python + scheduler" is the step's wall
+time minus everything timed inside it. Timers add ~1 us per call.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from edge_slm_node.engine.config import EngineConfig        # noqa: E402
+from edge_slm_node.engine.engine import Engine              # noqa: E402
+from edge_slm_node.engine.sampling import SamplingParams, Sampler    # noqa: E402
+from edge_slm_node.model import linear, transformer         # noqa: E402
+
+totals = defaultdict(float)
+
+
+def timed(label_of, function):
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            totals[label_of(*args)] += time.perf_counter() - started
+    return wrapper
+
+
+def linear_label(self, *_):
+    names = [p.name for p in self.parts] if hasattr(self, "parts") else [self.name]
+    kind = "|".join(n.split(".")[-2] if n.endswith(".weight") else n for n in names)
+    return "matmul " + ("output head" if kind.startswith("output") else kind)
+
+
+class TimedOps:
+    """Stands in for the kernels.ops module inside transformer.py, timing each call."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return timed(lambda *_: "elementwise " + name, getattr(self._module, name))
+
+
+def instrument():
+    transformer.ops = TimedOps(transformer.ops)
+    transformer.paged_attention = timed(lambda *_: "attention", transformer.paged_attention)
+    transformer.write_kv = timed(lambda *_: "kv write", transformer.write_kv)
+    transformer.Transformer.embed = timed(lambda *_: "embedding", transformer.Transformer.embed)
+    linear.PreparedInput.prepare = timed(lambda *_: "activation quantize", linear.PreparedInput.prepare)
+    linear.QuantizedLinear.apply = timed(linear_label, linear.QuantizedLinear.apply)
+    linear.FusedLinear.apply = timed(linear_label, linear.FusedLinear.apply)
+    Sampler.sample = timed(lambda *_: "sampling", Sampler.sample)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sessions", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=args.threads,
+                                 system_prompt=None))
+    params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
+    names = [f"s{i}" for i in range(args.sessions)]
+    for name in names:
+        engine.create_session(name)
+    for warm in (True, False):
+        requests = [engine.submit(name, f"Describe alarm {100 + i} on a CNC mill.", params)
+                    for i, name in enumerate(names)]
+        while not any(r.decode_steps for r in requests):   # prefill, untimed
+            engine.step()
+        if not warm:
+            instrument()
+            totals.clear()
+        steps = []
+        while not all(r.done for r in requests):
+            started = time.perf_counter()
+            engine.step()
+            steps.append(time.perf_counter() - started)
+        for name in names:
+            engine.reset_session(name)
+    count = len(steps)
+    wall = sum(steps)
+    print(f"{count} decode steps, {args.sessions} session(s), {args.threads} threads: "
+          f"{1000 * wall / count:.2f} ms/step mean, {1000 * statistics.median(steps):.2f} median")
+    for label, seconds in sorted(totals.items(), key=lambda item: -item[1]):
+        print(f"  {label:36s} {1000 * seconds / count:7.3f} ms")
+    print(f"  {'python + scheduler':36s} {1000 * (wall - sum(totals.values())) / count:7.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

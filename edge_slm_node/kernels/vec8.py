@@ -1,0 +1,266 @@
+"""More operations on simd.F32x8 for the attention kernels: subtraction, max, broadcasts, the
+horizontal sums, fp16 conversions and exp of llama.cpp's x86 build, each rounding exactly as
+the scalar statement it names (kernels/half.py, kernels/ops.py). Loads, stores, add, mul and
+splats of F32x8 are in simd.py.
+
+Indices are flat element indices from an array's first element (`arr.flat[index]` for
+C-contiguous arrays, `arr.data[index]` for strided uint16 caches); nothing is bounds-checked.
+"""
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .simd import F32x8
+
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+_V8F = ir.VectorType(_F32, 8)
+_V8I = ir.VectorType(_I32, 8)
+_V8H = ir.VectorType(ir.IntType(16), 8)
+
+
+def _splat_const(vector_type, value):
+    return ir.Constant(vector_type, [value] * vector_type.count)
+
+
+def _f32_const(value):
+    return _splat_const(_V8F, float(np.float32(value)))
+
+
+def _element_pointer(context, builder, arr_type, arr, index_type, index, pointee):
+    """&arr.data[index] (flat element index from the array's first element) as pointee*."""
+    data = context.make_array(arr_type)(context, builder, arr).data
+    position = context.cast(builder, index, index_type, types.intp)
+    return builder.bitcast(builder.gep(data, [position]), pointee.as_pointer())
+
+
+def _is_f32_c(arr):
+    return isinstance(arr, types.Array) and arr.layout == "C" and arr.dtype == types.float32
+
+
+def _is_u16(arr):
+    return isinstance(arr, types.Array) and arr.dtype == types.uint16
+
+
+def _call(builder, name, return_type, args):
+    fn_type = ir.FunctionType(return_type, [a.type for a in args])
+    return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
+
+
+def _lanes(builder, v, indices):
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(indices)), list(indices)))
+
+
+
+
+
+
+@intrinsic
+def broadcast(typingctx, arr, index):
+    """arr.flat[index] of a C-contiguous float32 array, 8 copies -> F32x8 (no negative-index wrap)."""
+    if not (_is_f32_c(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.load(_element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _F32), align=4)
+        first = builder.insert_element(ir.Constant(_V8F, None), x, ir.Constant(_I32, 0))
+        return _lanes(builder, first, [0] * 8)
+    return F32x8(arr, index), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint: bring the cache line of arr.data[index] (element index) into L2 (prefetcht1)."""
+    if not (isinstance(arr, types.Array) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        byte = ir.IntType(8)
+        p = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], byte)
+        _call(builder, "llvm.prefetch.p0", ir.VoidType(), [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2),
+                                                           ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, index), codegen
+
+
+
+
+def _binary(op):
+    @intrinsic
+    def fn(typingctx, a, b):
+        if not (a == F32x8 and b == F32x8):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return F32x8(a, b), codegen
+    return fn
+
+
+sub = _binary("fsub")
+
+
+
+
+@intrinsic
+def maximum(typingctx, a, b):
+    """Lane-wise max (order-free: the result does not depend on which operand is first)."""
+    if not (a == F32x8 and b == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+    return F32x8(a, b), codegen
+
+
+@intrinsic
+def max_lane(typingctx, v):
+    """Largest of the 8 lanes -> float32."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        best = builder.extract_element(args[0], ir.Constant(_I32, 0))
+        for i in range(1, 8):
+            x = builder.extract_element(args[0], ir.Constant(_I32, i))
+            best = builder.select(builder.fcmp_ordered(">", x, best), x, best)
+        return best
+    return types.float32(v), codegen
+
+
+def _hsum8_ir(builder, v):
+    """hsum_float_8: a = v[4:8] + v[0:4]; (a0 + a2) + (a1 + a3)."""
+    a = builder.fadd(_lanes(builder, v, [4, 5, 6, 7]), _lanes(builder, v, [0, 1, 2, 3]))
+    b = builder.fadd(_lanes(builder, a, [0, 1]), _lanes(builder, a, [2, 3]))
+    return builder.fadd(builder.extract_element(b, ir.Constant(_I32, 0)),
+                        builder.extract_element(b, ir.Constant(_I32, 1)))
+
+
+@intrinsic
+def hsum(typingctx, v):
+    """Sum of the 8 lanes in hsum_float_8's order -> float32."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _hsum8_ir(builder, args[0])
+    return types.float32(v), codegen
+
+
+@intrinsic
+def reduce32(typingctx, a0, a1, a2, a3):
+    """Sum of 4 vectors (lanes 0-7, 8-15, 16-23, 24-31) in ggml_vec_dot_f16's order -> float32."""
+    if not all(a == F32x8 for a in (a0, a1, a2, a3)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = builder.fadd(builder.fadd(args[1], args[3]), builder.fadd(args[0], args[2]))
+        t = builder.fadd(_lanes(builder, v, [4, 5, 6, 7]), _lanes(builder, v, [0, 1, 2, 3]))
+        e = [builder.extract_element(t, ir.Constant(_I32, i)) for i in range(4)]
+        return builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3]))
+    return types.float32(a0, a1, a2, a3), codegen
+
+
+@intrinsic
+def keep_first(typingctx, v, n):
+    """Lanes >= n set to 0."""
+    if not (v == F32x8 and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        count = context.cast(builder, args[1], sig.args[1], types.int32)
+        first = builder.insert_element(ir.Constant(_V8I, None), count, ir.Constant(_I32, 0))
+        keep = builder.icmp_signed("<", ir.Constant(_V8I, list(range(8))), _lanes(builder, first, [0] * 8))
+        return builder.select(keep, args[0], _f32_const(0.0))
+    return F32x8(v, n), codegen
+
+
+@intrinsic
+def load_half(typingctx, arr, index):
+    """8 fp16 bit patterns at arr.data[index:index+8] (uint16, contiguous there) -> F32x8, exactly
+    as half.half_bits_to_float (((h & 0x7FFF) << 13 | sign << 16) * 2^112)."""
+    if not (_is_u16(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        # sign-extended h << 13: bit 31 = sign, bits 30-28 = sign copies (cleared), 27-13 = h & 0x7FFF
+        h = builder.sext(builder.load(_element_pointer(context, builder, sig.args[0], args[0], sig.args[1],
+                                                       args[1], _V8H), align=2), _V8I)
+        bits = builder.and_(builder.shl(h, _splat_const(_V8I, 13)), _splat_const(_V8I, -0x70000001))   # 0x8FFFFFFF
+        return builder.fmul(builder.bitcast(bits, _V8F), _f32_const(2.0 ** 112))
+    return F32x8(arr, index), codegen
+
+
+def _to_half_ir(builder, v):
+    """F32x8 -> fp16 bits <8 x i16>: round to nearest even, overflow -> inf, NaN -> 0x7E00 | sign."""
+    bits = builder.bitcast(builder.fptrunc(v, ir.VectorType(ir.HalfType(), 8)), _V8H)
+    sign = builder.trunc(builder.lshr(builder.bitcast(v, _V8I), _splat_const(_V8I, 16)), _V8H)
+    nan_bits = builder.or_(builder.and_(sign, _splat_const(_V8H, 0x8000)), _splat_const(_V8H, 0x7E00))
+    return builder.select(builder.fcmp_unordered("uno", v, v), nan_bits, bits)
+
+
+@intrinsic
+def store_half(typingctx, arr, index, v):
+    """arr.data[index:index+8] = fp16 bits of v, exactly as half.float_to_half_bits."""
+    if not (_is_u16(arr) and isinstance(index, types.Integer) and v == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _V8H)
+        builder.store(_to_half_ir(builder, args[2]), p, align=2)
+        return context.get_dummy_value()
+    return types.none(arr, index, v), codegen
+
+
+@intrinsic
+def round_half(typingctx, v):
+    """Each lane rounded to fp16 precision (nearest even; overflow -> inf), as half.round_to_half."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], ir.VectorType(ir.HalfType(), 8)), _V8F)
+    return F32x8(v), codegen
+
+
+# ggml_v_expf constants, as ops.exp_f32
+_EXP = {name: float.fromhex(h) for name, h in [
+    ("round", "0x1.8p23"), ("log2e", "0x1.715476p+0"), ("ln2_hi", "0x1.62e4p-1"), ("ln2_lo", "0x1.7f7d1cp-20"),
+    ("c0", "0x1.0e4020p-7"), ("c1", "0x1.573e2ep-5"), ("c2", "0x1.555e66p-3"), ("c3", "0x1.fffdb6p-2"),
+    ("c4", "0x1.ffffecp-1")]}
+
+
+@intrinsic
+def exp(typingctx, v):
+    """ops.exp_f32 (ggml_v_expf) on 8 lanes, its branches as selects."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        def fma(a, b, c):
+            return _call(builder, "llvm.fma.v8f32", _V8F, [a, b, c])
+
+        def c(name):
+            return _f32_const(_EXP[name])
+        x = args[0]
+        z = fma(x, c("log2e"), c("round"))
+        n = builder.fsub(z, c("round"))
+        minus_n = builder.fneg(n)
+        b = fma(minus_n, c("ln2_lo"), fma(minus_n, c("ln2_hi"), x))
+        e = builder.shl(builder.bitcast(z, _V8I), _splat_const(_V8I, 23))
+        k = builder.bitcast(builder.add(e, _splat_const(_V8I, 0x3F800000)), _V8F)
+        u = builder.fmul(b, b)
+        j = fma(fma(fma(c("c0"), b, c("c1")), u, fma(c("c2"), b, c("c3"))), u, builder.fmul(c("c4"), b))
+        normal = fma(j, k, k)
+        abs_n = _call(builder, "llvm.fabs.v8f32", _V8F, [n])
+        g = builder.select(builder.fcmp_ordered("<=", n, _f32_const(0.0)), _splat_const(_V8I, -0x7E000000),
+                           _splat_const(_V8I, 0))
+        s1 = builder.bitcast(builder.add(g, _splat_const(_V8I, 0x7F000000)), _V8F)
+        s2 = builder.bitcast(builder.sub(e, g), _V8F)
+        special = builder.select(builder.fcmp_ordered(">", abs_n, _f32_const(192.0)), builder.fmul(s1, s1),
+                                 builder.fmul(fma(s2, j, s2), s1))
+        return builder.select(builder.fcmp_ordered(">", abs_n, _f32_const(126.0)), special, normal)
+    return F32x8(v), codegen
