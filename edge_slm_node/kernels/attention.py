@@ -535,8 +535,10 @@ def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token
 
 def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: int) -> np.ndarray:
     """Scratch for paged_attention over contexts up to max_context: one float32 row per numba thread."""
-    size = _work_size(num_heads // kv_heads, head_dim, max_context)
-    return np.zeros((numba.config.NUMBA_NUM_THREADS, size), np.float32)
+    work = np.empty((numba.config.NUMBA_NUM_THREADS, _work_size(num_heads // kv_heads, head_dim, max_context)),
+                    np.float32)
+    work.fill(0)          # touched now: the part a context reaches first would page-fault mid-decode
+    return work
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out,

@@ -27,6 +27,7 @@ from ..model.quant import Q4_0, Q4_1, Q8_0, QuantType
 ROWS_PER_GROUP = 8
 _HALF_BYTES = 2 * ROWS_PER_GROUP                      # d (or m) of the 8 rows of a block
 GROUP_BLOCK_BYTES = {Q4_1.name: 160, Q4_0.name: 144, Q8_0.name: 272}
+GROUP_BLOCK_BYTES_Q8_0 = GROUP_BLOCK_BYTES[Q8_0.name]
 
 
 # ----------------------------------------------------------------------------------- repacking
@@ -70,6 +71,33 @@ def _pack(raw, packed, type_size, scale_bytes, chunk_bytes):
                     at = dst + payload_start + c * rows * chunk_bytes + r * chunk_bytes
                     for k in range(chunk_bytes):
                         packed[g, at + k] = source[src + scale_bytes + c * chunk_bytes + k]
+
+
+@njit(cache=True)
+def gather_rows_q8_0(packed, tail, rows, half_to_float, out):
+    """Dequantize rows (T,) of a repacked Q8_0 matrix (packed, tail as from repack) -> out (T, n) f32.
+
+    Lets a tied token embedding read the output head's packed copy instead of the file pages
+    the repack released (each new token id would page-fault on them)."""
+    group_rows = packed.shape[0] * ROWS_PER_GROUP
+    signed_packed, signed_tail = packed.view(np.int8), tail.view(np.int8)
+    for t in range(rows.shape[0]):
+        row = rows[t]
+        for b in range(out.shape[1] // 32):
+            if row < group_rows:
+                g, r = row // ROWS_PER_GROUP, row % ROWS_PER_GROUP
+                base = b * GROUP_BLOCK_BYTES_Q8_0
+                d = half_to_float[np.int64(packed[g, base + 2 * r]) | (np.int64(packed[g, base + 2 * r + 1]) << 8)]
+                for c in range(16):
+                    at = base + _HALF_BYTES + c * 16 + 2 * r
+                    out[t, b * 32 + 2 * c] = d * np.float32(signed_packed[g, at])
+                    out[t, b * 32 + 2 * c + 1] = d * np.float32(signed_packed[g, at + 1])
+            else:
+                source = row - group_rows
+                base = b * 34
+                d = half_to_float[np.int64(tail[source, base]) | (np.int64(tail[source, base + 1]) << 8)]
+                for j in range(32):
+                    out[t, b * 32 + j] = d * np.float32(signed_tail[source, base + 2 + j])
 
 
 def unpack(packed: np.ndarray, tail: np.ndarray, quant: QuantType) -> np.ndarray:

@@ -16,6 +16,7 @@ from ..kernels import matmul
 from ..kernels.half import HALF_TO_FLOAT
 from ..kernels.quantize import quantize_rows_q8
 from ..kernels.repack import ROWS_PER_GROUP, repack
+from .buffers import resident_zeros
 from .quant import F16, F32, Q4_0, Q4_1, Q8_0, QuantType
 
 PACKED_TYPES = (Q4_0, Q4_1, Q8_0)
@@ -40,9 +41,9 @@ class PreparedInput:
         self.need_q8 = need_q8 and length % 32 == 0
         self.need_half = need_half
         blocks = length // 32
-        self._xq = np.zeros((max_tokens, length), np.int8)
-        self._xd = np.zeros((max_tokens, blocks), np.float32)
-        self._xs = np.zeros((max_tokens, blocks), np.float32)
+        self._xq = resident_zeros((max_tokens, length), np.int8)
+        self._xd = resident_zeros((max_tokens, blocks), np.float32)
+        self._xs = resident_zeros((max_tokens, blocks), np.float32)
         self._xq16 = self._sums = None              # allocated on first use
         self._half = np.zeros((max_tokens, length), np.float32) if need_half else None
         self.x = self.xq = self.xd = self.xs = self.x_half = None
@@ -66,7 +67,7 @@ class PreparedInput:
     def xq16(self) -> np.ndarray:
         """xq (T, K) as int16 (the Q8_0 kernels broadcast int16 pairs)."""
         if self._xq16 is None:
-            self._xq16 = np.zeros(self._xq.shape, np.int16)
+            self._xq16 = resident_zeros(self._xq.shape, np.int16)
         view = self._xq16[:self.num_tokens]
         if not self._xq16_ready:
             np.copyto(view, self.xq)
@@ -77,7 +78,7 @@ class PreparedInput:
     def block_sums(self) -> np.ndarray:
         """(T, K/32) int32 sums of each 32-block of xq (Q4_0 kernels)."""
         if self._sums is None:
-            self._sums = np.zeros(self._xd.shape, np.int32)
+            self._sums = resident_zeros(self._xd.shape, np.int32)
         view = self._sums[:self.num_tokens]
         if not self._sums_ready:
             matmul.block_sums(self.xq, view)

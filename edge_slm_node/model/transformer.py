@@ -9,6 +9,8 @@ import numpy as np
 from ..kernels import ops
 from ..kernels.attention import attention_work, paged_attention, write_kv
 from ..kernels.half import HALF_TO_FLOAT
+from ..kernels.repack import gather_rows_q8_0
+from .buffers import resident_zeros
 from .config import ModelConfig
 from .linear import FusedLinear, PreparedInput
 from .quant import Q8_0, dequantize
@@ -54,17 +56,18 @@ class Transformer:
         self.max_context = max_context
         c, t = config, max_batch_tokens
         f32 = np.float32
-        self.hidden = np.zeros((t, c.hidden_size), f32)
-        self.normed = np.zeros((t, c.hidden_size), f32)
-        self.q = np.zeros((t, c.q_size), f32)
-        self.k = np.zeros((t, c.kv_size), f32)
-        self.v = np.zeros((t, c.kv_size), f32)
-        self.attn = np.zeros((t, c.q_size), f32)
-        self.proj = np.zeros((t, c.hidden_size), f32)
-        self.gate = np.zeros((t, c.intermediate_size), f32)
-        self.up = np.zeros((t, c.intermediate_size), f32)
-        self.logits = np.zeros((max_logits_rows, c.vocab_size), f32)
-        self.final_normed = np.zeros((max_logits_rows, c.hidden_size), f32)
+        zeros = resident_zeros
+        self.hidden = zeros((t, c.hidden_size), f32)
+        self.normed = zeros((t, c.hidden_size), f32)
+        self.q = zeros((t, c.q_size), f32)
+        self.k = zeros((t, c.kv_size), f32)
+        self.v = zeros((t, c.kv_size), f32)
+        self.attn = zeros((t, c.q_size), f32)
+        self.proj = zeros((t, c.hidden_size), f32)
+        self.gate = zeros((t, c.intermediate_size), f32)
+        self.up = zeros((t, c.intermediate_size), f32)
+        self.logits = zeros((max_logits_rows, c.vocab_size), f32)
+        self.final_normed = zeros((max_logits_rows, c.hidden_size), f32)
         layer0 = weights.layers[0]
         # q|k|v and gate|up each run as one kernel call over concatenated packed rows (one thread
         # wake-up and one pass over the shared input instead of three / two); same results.
@@ -83,7 +86,10 @@ class Transformer:
 
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
         w = self.weights
-        if w.embedding_quant is Q8_0:
+        tied = w.output.raw is w.embedding_raw
+        if w.embedding_quant is Q8_0 and tied and w.output.packed is not None:
+            gather_rows_q8_0(w.output.packed, w.output.tail, token_ids, HALF_TO_FLOAT, out)
+        elif w.embedding_quant is Q8_0:
             ops.embed_q8_0(w.embedding_raw, token_ids, HALF_TO_FLOAT, out)
         else:
             out[:] = dequantize(w.embedding_raw[token_ids], w.embedding_quant)

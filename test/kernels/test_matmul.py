@@ -18,7 +18,7 @@ from edge_slm_node.model import linear as linear_module
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
 from edge_slm_node.kernels.quantize import quantize_rows_q8
-from edge_slm_node.kernels.repack import repack, unpack
+from edge_slm_node.kernels.repack import gather_rows_q8_0, repack, unpack
 from edge_slm_node.model.linear import FusedLinear, PreparedInput, QuantizedLinear, release_file_pages
 from edge_slm_node.model.quant import F16, F32, Q4_0, Q4_1, Q8_0, dequantize, quantize
 
@@ -213,6 +213,16 @@ def test_repack_keeps_every_byte(quant, rows):
     packed, tail = repack(raw, quant)
     assert packed.nbytes + tail.nbytes == raw.nbytes
     np.testing.assert_array_equal(unpack(packed, tail, quant), raw)
+
+
+@pytest.mark.parametrize("rows", [8, 21])
+def test_gathered_packed_q8_0_rows_equal_dequantized_gguf_rows(rows):
+    raw = _raw(Q8_0, rows, 96, seed=rows)
+    packed, tail = repack(raw, Q8_0)
+    wanted = np.array([0, rows - 1, 3, 7, rows // 2, 3], np.int32)       # group rows, tail rows, repeats
+    out = np.full((len(wanted), 96), np.nan, np.float32)
+    gather_rows_q8_0(packed, tail, wanted, HALF_TO_FLOAT, out)
+    np.testing.assert_array_equal(out, dequantize(raw, Q8_0)[wanted])
 
 
 @pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
