@@ -13,6 +13,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from . import simd, vec8
+
 F32 = np.float32
 
 
@@ -143,15 +145,19 @@ def add_bias(x, bias):
 
 @njit(cache=True)
 def silu_mul(gate, up, out):
-    """gate, up (T, n) -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32).
+    """gate, up (T, n) C-contiguous -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32).
 
-    Groups of 8 use the vector exp (exp_f32); a row's last n % 8 values use libm's expf."""
+    Groups of 8 as its AVX2 loop, (g / (1 + exp(0 - g))) * up with the vector exp; a row's last
+    n % 8 values as its scalar tail, with libm's expf."""
     num_tokens, n = gate.shape
     vector_end = n // 8 * 8
+    one, zero = simd.splat_f32(np.float32(1.0)), simd.zeros_f32x8()
     for t in range(num_tokens):
-        for i in range(vector_end):
-            g = gate[t, i]
-            out[t, i] = g / (np.float32(1.0) + exp_f32(np.float32(0.0) - g)) * up[t, i]
+        gate_row, up_row, out_row = gate[t], up[t], out[t]
+        for i in range(0, vector_end, 8):
+            g = simd.load_f32x8(gate_row, i)
+            silu = vec8.div(g, simd.add(one, vec8.exp(vec8.sub(zero, g))))
+            simd.store_f32x8(out_row, i, simd.mul(silu, simd.load_f32x8(up_row, i)))
         for i in range(vector_end, n):
             g = gate[t, i]
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]

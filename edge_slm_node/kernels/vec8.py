@@ -101,6 +101,7 @@ def _binary(op):
 
 
 sub = _binary("fsub")
+div = _binary("fdiv")
 
 
 
