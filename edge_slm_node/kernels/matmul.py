@@ -449,108 +449,142 @@ def _locate(part_ends, group):
 
 
 # ------------------------------------------------------------------------ packed kernels
-# Iteration i < groups computes group i for every token; iteration `groups` the tail rows.
-# Each type has a parallel driver (one prange region) and a serial one (no region: for
-# calls too small to repay waking the worker threads).
+# `_<type>_groups(first, last, ...)` computes groups [first, last) for every token, with one
+# scratch allocation per call (per-group setup once cost as much as a one-token group's
+# arithmetic); `_<type>_tail` the rows after the last group. Each type has a parallel driver
+# (one prange region over up to MAX_RANGES contiguous group ranges, split evenly among the
+# threads) and a serial one (no region: for calls too small to repay waking the worker threads).
+
+MAX_RANGES = 32           # a constant: numba.get_num_threads() in a kernel disables its disk cache
+
+
+@njit(cache=True, inline="always")
+def _group_range(c, ranges, groups):
+    """Groups [first, last) of range c out of `ranges` equal contiguous ranges."""
+    return c * groups // ranges, (c + 1) * groups // ranges
+
+
+@njit(cache=True, inline="always")
+def _num_ranges(groups):
+    return max(1, min(groups, MAX_RANGES))
+
 
 @njit(cache=True)
-def _q4_1_iteration(i, packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
+def _q4_1_groups(first, last, packed, xq, xd, xs, outs, part_ends):
     num_tokens = xd.shape[0]
-    if i < packed.shape[0]:
+    full_tiles = num_tokens // 4 * 4
+    scales = np.empty(xd.shape[1] * 32 if full_tiles else 0, np.float32)
+    for i in range(first, last):
         part, col = _locate(part_ends, i)
         out = outs[part]
-        full_tiles = num_tokens // 4 * 4
-        scales = np.empty(xd.shape[1] * 32 if full_tiles else 0, np.float32)
         for t0 in range(0, full_tiles, 4):
             _group_q4_1(packed[i], xq, xd, xs, out, t0, col, scales)
         for t in range(full_tiles, num_tokens):
             _group_q4_1_one(packed[i], xq, xd, xs, out, t, col)
-    else:
-        out = outs[len(outs) - 1]
-        first = out.shape[1] - tail.shape[0]
-        for r in range(tail.shape[0]):
-            for t in range(num_tokens):
-                out[t, first + r] = _row_q4_1(tail[r], xq[t], xd[t], xs[t], half_to_float)
+
+
+@njit(cache=True)
+def _q4_1_tail(tail, xq, xd, xs, half_to_float, outs):
+    out = outs[len(outs) - 1]
+    first = out.shape[1] - tail.shape[0]
+    for r in range(tail.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, first + r] = _row_q4_1(tail[r], xq[t], xd[t], xs[t], half_to_float)
 
 
 @njit(parallel=True, cache=True)
 def matmul_q4_1_packed(packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
     """W Q4_1 packed (groups, nb*160 B) + tail (n, nb*20 B) @ x Q8_1 (T, nb*32) -> outs[p] (T, rows_p)."""
-    for i in prange(packed.shape[0] + 1):
-        _q4_1_iteration(i, packed, tail, xq, xd, xs, half_to_float, outs, part_ends)
+    ranges = _num_ranges(packed.shape[0])
+    for c in prange(ranges):
+        first, last = _group_range(c, ranges, packed.shape[0])
+        _q4_1_groups(first, last, packed, xq, xd, xs, outs, part_ends)
+    _q4_1_tail(tail, xq, xd, xs, half_to_float, outs)
 
 
 @njit(cache=True)
 def matmul_q4_1_packed_serial(packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
     """matmul_q4_1_packed on the calling thread only."""
-    for i in range(packed.shape[0] + 1):
-        _q4_1_iteration(i, packed, tail, xq, xd, xs, half_to_float, outs, part_ends)
+    _q4_1_groups(0, packed.shape[0], packed, xq, xd, xs, outs, part_ends)
+    _q4_1_tail(tail, xq, xd, xs, half_to_float, outs)
 
 
 @njit(cache=True)
-def _q4_0_iteration(i, packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
+def _q4_0_groups(first, last, packed, xq, xsum, xd, outs, part_ends):
     num_tokens = xd.shape[0]
-    if i < packed.shape[0]:
+    full_tiles = num_tokens // 4 * 4
+    for i in range(first, last):
         part, col = _locate(part_ends, i)
         out = outs[part]
-        full_tiles = num_tokens // 4 * 4
         for t0 in range(0, full_tiles, 4):
             _group_q4_0(packed[i], xq, xsum, xd, out, t0, col)
         for t in range(full_tiles, num_tokens):
             _group_q4_0_one(packed[i], xq, xsum, xd, out, t, col)
-    else:
-        out = outs[len(outs) - 1]
-        first = out.shape[1] - tail.shape[0]
-        for r in range(tail.shape[0]):
-            for t in range(num_tokens):
-                out[t, first + r] = _row_q4_0(tail[r], xq[t], xd[t], half_to_float)
+
+
+@njit(cache=True)
+def _q4_0_tail(tail, xq, xd, half_to_float, outs):
+    out = outs[len(outs) - 1]
+    first = out.shape[1] - tail.shape[0]
+    for r in range(tail.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, first + r] = _row_q4_0(tail[r], xq[t], xd[t], half_to_float)
 
 
 @njit(parallel=True, cache=True)
 def matmul_q4_0_packed(packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
     """W Q4_0 packed (groups, nb*144 B) + tail (n, nb*18 B) @ x Q8_0 (T, nb*32), xsum = block_sums(xq)
     -> outs[p] (T, rows_p)."""
-    for i in prange(packed.shape[0] + 1):
-        _q4_0_iteration(i, packed, tail, xq, xsum, xd, half_to_float, outs, part_ends)
+    ranges = _num_ranges(packed.shape[0])
+    for c in prange(ranges):
+        first, last = _group_range(c, ranges, packed.shape[0])
+        _q4_0_groups(first, last, packed, xq, xsum, xd, outs, part_ends)
+    _q4_0_tail(tail, xq, xd, half_to_float, outs)
 
 
 @njit(cache=True)
 def matmul_q4_0_packed_serial(packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
     """matmul_q4_0_packed on the calling thread only."""
-    for i in range(packed.shape[0] + 1):
-        _q4_0_iteration(i, packed, tail, xq, xsum, xd, half_to_float, outs, part_ends)
+    _q4_0_groups(0, packed.shape[0], packed, xq, xsum, xd, outs, part_ends)
+    _q4_0_tail(tail, xq, xd, half_to_float, outs)
 
 
 @njit(cache=True)
-def _q8_0_iteration(i, packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
+def _q8_0_groups(first, last, packed, xq16, xd, outs, part_ends):
     num_tokens = xd.shape[0]
-    if i < packed.shape[0]:
+    full_tiles = num_tokens // 4 * 4
+    scales = np.empty(xd.shape[1] * 32 if full_tiles else 0, np.float32)
+    for i in range(first, last):
         part, col = _locate(part_ends, i)
         out = outs[part]
-        full_tiles = num_tokens // 4 * 4
-        scales = np.empty(xd.shape[1] * 32 if full_tiles else 0, np.float32)
         for t0 in range(0, full_tiles, 4):
             _group_q8_0(packed[i], xq16, xd, out, t0, col, scales)
         for t in range(full_tiles, num_tokens):
             _group_q8_0_one(packed[i], xq16, xd, out, t, col)
-    else:
-        out = outs[len(outs) - 1]
-        first = out.shape[1] - tail.shape[0]
-        for r in range(tail.shape[0]):
-            for t in range(num_tokens):
-                out[t, first + r] = _row_q8_0(tail[r], xq[t], xd[t], half_to_float)
+
+
+@njit(cache=True)
+def _q8_0_tail(tail, xq, xd, half_to_float, outs):
+    out = outs[len(outs) - 1]
+    first = out.shape[1] - tail.shape[0]
+    for r in range(tail.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, first + r] = _row_q8_0(tail[r], xq[t], xd[t], half_to_float)
 
 
 @njit(parallel=True, cache=True)
 def matmul_q8_0_packed(packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
     """W Q8_0 packed (groups, nb*272 B) + tail (n, nb*34 B) @ x Q8_0 (T, nb*32), xq16 = xq as int16
     -> outs[p] (T, rows_p)."""
-    for i in prange(packed.shape[0] + 1):
-        _q8_0_iteration(i, packed, tail, xq, xq16, xd, half_to_float, outs, part_ends)
+    ranges = _num_ranges(packed.shape[0])
+    for c in prange(ranges):
+        first, last = _group_range(c, ranges, packed.shape[0])
+        _q8_0_groups(first, last, packed, xq16, xd, outs, part_ends)
+    _q8_0_tail(tail, xq, xd, half_to_float, outs)
 
 
 @njit(cache=True)
 def matmul_q8_0_packed_serial(packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
     """matmul_q8_0_packed on the calling thread only."""
-    for i in range(packed.shape[0] + 1):
-        _q8_0_iteration(i, packed, tail, xq, xq16, xd, half_to_float, outs, part_ends)
+    _q8_0_groups(0, packed.shape[0], packed, xq16, xd, outs, part_ends)
+    _q8_0_tail(tail, xq, xd, half_to_float, outs)
