@@ -39,6 +39,8 @@ def test_half_conversions_match_numpy():
 def test_quantize_rows_q8_matches_reference(tokens, length):
     rng = np.random.default_rng(length)
     x = rng.standard_normal((tokens, length)).astype(np.float32) * 3
+    x[-1, :8] = [127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5]     # scale 1: halves round to even
+    x[-1, 8:32] = 0.0
     x[0, :32] = 0.0                                   # an all-zero block has scale 0
     xq = np.zeros((tokens, length), np.int8)
     xd = np.zeros((tokens, length // 32), np.float32)
