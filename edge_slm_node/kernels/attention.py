@@ -111,7 +111,7 @@ def _dot_prompt(k, at_k, q, at_q, n):
 
 @njit(cache=True, inline="always")
 def _dot_decode(k, at_k, q, at_q, n):
-    """The same in ggml_vec_dot_f16's order (32 lanes, _reduce; the rest in float64)."""
+    """The same in ggml_vec_dot_f16's order (32 lanes, vec8.reduce32; the rest in float64)."""
     vector_end = n // DECODE_LANES * DECODE_LANES
     total = 0.0
     if vector_end > 0:

@@ -3,10 +3,11 @@
 Numerics follow llama.cpp's CPU backend (x86, AVX2 + FMA build) operation by operation, so
 that greedy decoding picks the same tokens: where its compiler fuses a*b+c into one FMA we
 call `fma_f32`, and its vectorised exp (ggml_v_expf, a polynomial, not libm's expf) is
-reproduced lane by lane in `exp_f32`. Swapping either for the "obvious" formula changes
-logits by up to ~0.4 on SmolLM2-135M (see test/model/test_llama_cpp_fidelity.py).
-Note: exp_f32 and hsum8 are inlined into kernels/attention.py, whose numba cache does not
-notice edits here; clear kernels/__pycache__ after changing them.
+stated for one lane in `exp_f32` (checked against llama.cpp's own outputs; the kernels use its
+8-lane form, vec8.exp). Swapping either for the "obvious" formula changes logits by up to ~0.4
+on SmolLM2-135M (see test/model/test_llama_cpp_fidelity.py).
+Note: numba's cache does not notice edits to functions inlined from other modules (hsum8 and
+bits_float in kernels/attention.py, simd/vec8 here); clear kernels/__pycache__ after changing them.
 """
 import numpy as np
 from llvmlite import ir
