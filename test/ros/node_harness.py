@@ -65,7 +65,7 @@ class RosClient:
 
         self.node_process = node_process
         self.context = rclpy.Context()
-        rclpy.init(context=self.context, domain_id=int(node_process.env["ROS_DOMAIN_ID"]))
+        rclpy.init(context=self.context, domain_id=int(node_process.env.get("ROS_DOMAIN_ID", "0")))   # ROS default: 0
         self.node = rclpy.create_node("edge_slm_test_client", context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
