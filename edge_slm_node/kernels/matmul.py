@@ -43,8 +43,9 @@ after each parallel region. With other processes on the 2 cores, a spinning work
 preempted and every region then waits for its next time slice (measured: an empty region
 went from ~4 us to ~11 ms, a decode pass from ~10 ms to ~1 s). Importing the kernels package
 therefore sets OMP_WAIT_POLICY=PASSIVE (kernels/__init__.py, unless the process already set
-it) before numba starts its threads: regions then cost ~12-20 us (a futex wake) but stay that cheap under
-load. It only takes effect if no parallel numba code has run yet in the process.
+it) before numba starts its threads: regions then cost ~12-20 us (a futex wake) but stay that
+cheap under load (README, "Threads", has the measurements). It only takes effect if no
+parallel numba code has run yet in the process.
 Note: numba's cache does not notice edits to imported modules (simd.py, repack.py); clear
 __pycache__ after changing them.
 """
