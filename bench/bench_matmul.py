@@ -34,7 +34,7 @@ from numba import njit, prange
 REPO_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO_ROOT)
 
-from edge_slm_node.kernels import matmul  # noqa: E402
+from edge_slm_node.kernels import matmul, matmul_rows  # noqa: E402
 from edge_slm_node.kernels.half import HALF_TO_FLOAT  # noqa: E402
 from edge_slm_node.model import linear as linear_module  # noqa: E402
 from edge_slm_node.model import loader as loader_module  # noqa: E402
@@ -45,11 +45,11 @@ def reference_apply(linear, prepared, out):
     """The GGUF-layout kernels (pre-repack) on the file bytes."""
     quant = linear.quant
     if quant is Q4_1:
-        matmul.matmul_q4_1(linear.raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+        matmul_rows.matmul_q4_1(linear.raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
     elif quant is Q4_0:
-        matmul.matmul_q4_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        matmul_rows.matmul_q4_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
     elif quant is Q8_0:
-        matmul.matmul_q8_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        matmul_rows.matmul_q8_0(linear.raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
 
 
 def on_pool(fn):

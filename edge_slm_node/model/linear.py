@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..kernels import matmul
+from ..kernels import matmul, matmul_rows
 from ..kernels.half import HALF_TO_FLOAT
 from ..kernels.quantize import quantize_rows_q8
 from ..kernels.repack import ROWS_PER_GROUP, repack
@@ -147,9 +147,9 @@ class QuantizedLinear:
         if quant in PACKED_TYPES:
             _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self._part_ends, self.in_features)
         elif quant is F16:
-            matmul.matmul_f16(self.raw, prepared.x_half, HALF_TO_FLOAT, out)
+            matmul_rows.matmul_f16(self.raw, prepared.x_half, HALF_TO_FLOAT, out)
         else:
-            matmul.matmul_f32(self.raw, prepared.x, out)
+            matmul_rows.matmul_f32(self.raw, prepared.x, out)
 
 
 class FusedLinear:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edge_slm_node.kernels import matmul
+from edge_slm_node.kernels import matmul, matmul_rows
 from edge_slm_node.model import linear as linear_module
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
@@ -112,11 +112,11 @@ def _scalar_reference(raw, quant, prepared):
 def _gguf_reference_kernel(raw, quant, prepared):
     out = np.zeros((prepared.num_tokens, raw.shape[0]), np.float32)
     if quant is Q4_1:
-        matmul.matmul_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+        matmul_rows.matmul_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
     elif quant is Q4_0:
-        matmul.matmul_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        matmul_rows.matmul_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
     else:
-        matmul.matmul_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        matmul_rows.matmul_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
     return out
 
 
