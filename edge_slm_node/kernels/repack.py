@@ -17,12 +17,14 @@ weights 4c..4c+3 (low nibbles) and 16+4c..16+4c+3 (high nibbles) of each row, an
 2l, 2l+1 hold weights 4l..4l+3: exactly the 4-weight groups llama.cpp's AVX2 dot products sum
 into one float lane (see kernels/matmul.py). Rows after the last full group ("tail",
 rows % 8 of them) stay in GGUF layout and are handled by scalar code.
-Note: numba's cache does not notice edits to this file; clear __pycache__ after changing it.
+Note: numba's cache does not notice edits to this file or to ops.dequantize_row_q8_0 (inlined);
+clear __pycache__ after changing them.
 """
 import numpy as np
 from numba import njit
 
 from ..model.quant import Q4_0, Q4_1, Q8_0, QuantType
+from .ops import dequantize_row_q8_0
 
 ROWS_PER_GROUP = 8
 _HALF_BYTES = 2 * ROWS_PER_GROUP                      # d (or m) of the 8 rows of a block
@@ -80,24 +82,20 @@ def gather_rows_q8_0(packed, tail, rows, half_to_float, out):
     Lets a tied token embedding read the output head's packed copy instead of the file pages
     the repack released (each new token id would page-fault on them)."""
     group_rows = packed.shape[0] * ROWS_PER_GROUP
-    signed_packed, signed_tail = packed.view(np.int8), tail.view(np.int8)
+    signed = packed.view(np.int8)
     for t in range(rows.shape[0]):
         row = rows[t]
+        if row >= group_rows:                     # tail rows stay in GGUF layout
+            dequantize_row_q8_0(tail[row - group_rows], half_to_float, out[t])
+            continue
+        g, r = row // ROWS_PER_GROUP, row % ROWS_PER_GROUP
         for b in range(out.shape[1] // 32):
-            if row < group_rows:
-                g, r = row // ROWS_PER_GROUP, row % ROWS_PER_GROUP
-                base = b * GROUP_BLOCK_BYTES_Q8_0
-                d = half_to_float[np.int64(packed[g, base + 2 * r]) | (np.int64(packed[g, base + 2 * r + 1]) << 8)]
-                for c in range(16):
-                    at = base + _HALF_BYTES + c * 16 + 2 * r
-                    out[t, b * 32 + 2 * c] = d * np.float32(signed_packed[g, at])
-                    out[t, b * 32 + 2 * c + 1] = d * np.float32(signed_packed[g, at + 1])
-            else:
-                source = row - group_rows
-                base = b * 34
-                d = half_to_float[np.int64(tail[source, base]) | (np.int64(tail[source, base + 1]) << 8)]
-                for j in range(32):
-                    out[t, b * 32 + j] = d * np.float32(signed_tail[source, base + 2 + j])
+            base = b * GROUP_BLOCK_BYTES_Q8_0
+            d = half_to_float[np.int64(packed[g, base + 2 * r]) | (np.int64(packed[g, base + 2 * r + 1]) << 8)]
+            for c in range(16):
+                at = base + _HALF_BYTES + c * 16 + 2 * r
+                out[t, b * 32 + 2 * c] = d * np.float32(signed[g, at])
+                out[t, b * 32 + 2 * c + 1] = d * np.float32(signed[g, at + 1])
 
 
 def unpack(packed: np.ndarray, tail: np.ndarray, quant: QuantType) -> np.ndarray:

@@ -9,10 +9,9 @@ C-contiguous arrays, `arr.data[index]` for strided uint16 caches); nothing is bo
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import F32x8
+from .simd import F32x8, _pointer, _x86_call
 
 
 _F32 = ir.FloatType()
@@ -30,13 +29,6 @@ def _f32_const(value):
     return _splat_const(_V8F, float(np.float32(value)))
 
 
-def _element_pointer(context, builder, arr_type, arr, index_type, index, pointee):
-    """&arr.data[index] (flat element index from the array's first element) as pointee*."""
-    data = context.make_array(arr_type)(context, builder, arr).data
-    position = context.cast(builder, index, index_type, types.intp)
-    return builder.bitcast(builder.gep(data, [position]), pointee.as_pointer())
-
-
 def _is_f32_c(arr):
     return isinstance(arr, types.Array) and arr.layout == "C" and arr.dtype == types.float32
 
@@ -45,17 +37,8 @@ def _is_u16(arr):
     return isinstance(arr, types.Array) and arr.dtype == types.uint16
 
 
-def _call(builder, name, return_type, args):
-    fn_type = ir.FunctionType(return_type, [a.type for a in args])
-    return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
-
-
 def _lanes(builder, v, indices):
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, len(indices)), list(indices)))
-
-
-
-
 
 
 @intrinsic
@@ -65,7 +48,7 @@ def broadcast(typingctx, arr, index):
         return None
 
     def codegen(context, builder, sig, args):
-        x = builder.load(_element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _F32), align=4)
+        x = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _F32), align=4)
         first = builder.insert_element(ir.Constant(_V8F, None), x, ir.Constant(_I32, 0))
         return _lanes(builder, first, [0] * 8)
     return F32x8(arr, index), codegen
@@ -79,13 +62,11 @@ def prefetch(typingctx, arr, index):
 
     def codegen(context, builder, sig, args):
         byte = ir.IntType(8)
-        p = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], byte)
-        _call(builder, "llvm.prefetch.p0", ir.VoidType(), [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2),
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], byte)
+        _x86_call(builder, "llvm.prefetch.p0", ir.VoidType(), [p, ir.Constant(_I32, 0), ir.Constant(_I32, 2),
                                                            ir.Constant(_I32, 1)])
         return context.get_dummy_value()
     return types.none(arr, index), codegen
-
-
 
 
 def _binary(op):
@@ -102,8 +83,6 @@ def _binary(op):
 
 sub = _binary("fsub")
 div = _binary("fdiv")
-
-
 
 
 @intrinsic
@@ -188,7 +167,7 @@ def load_half(typingctx, arr, index):
 
     def codegen(context, builder, sig, args):
         # sign-extended h << 13: bit 31 = sign, bits 30-28 = sign copies (cleared), 27-13 = h & 0x7FFF
-        h = builder.sext(builder.load(_element_pointer(context, builder, sig.args[0], args[0], sig.args[1],
+        h = builder.sext(builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1],
                                                        args[1], _V8H), align=2), _V8I)
         bits = builder.and_(builder.shl(h, _splat_const(_V8I, 13)), _splat_const(_V8I, -0x70000001))   # 0x8FFFFFFF
         return builder.fmul(builder.bitcast(bits, _V8F), _f32_const(2.0 ** 112))
@@ -210,7 +189,7 @@ def store_half(typingctx, arr, index, v):
         return None
 
     def codegen(context, builder, sig, args):
-        p = _element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _V8H)
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _V8H)
         builder.store(_to_half_ir(builder, args[2]), p, align=2)
         return context.get_dummy_value()
     return types.none(arr, index, v), codegen
@@ -242,7 +221,7 @@ def exp(typingctx, v):
 
     def codegen(context, builder, sig, args):
         def fma(a, b, c):
-            return _call(builder, "llvm.fma.v8f32", _V8F, [a, b, c])
+            return _x86_call(builder, "llvm.fma.v8f32", _V8F, [a, b, c])
 
         def c(name):
             return _f32_const(_EXP[name])
@@ -256,7 +235,7 @@ def exp(typingctx, v):
         u = builder.fmul(b, b)
         j = fma(fma(fma(c("c0"), b, c("c1")), u, fma(c("c2"), b, c("c3"))), u, builder.fmul(c("c4"), b))
         normal = fma(j, k, k)
-        abs_n = _call(builder, "llvm.fabs.v8f32", _V8F, [n])
+        abs_n = _x86_call(builder, "llvm.fabs.v8f32", _V8F, [n])
         g = builder.select(builder.fcmp_ordered("<=", n, _f32_const(0.0)), _splat_const(_V8I, -0x7E000000),
                            _splat_const(_V8I, 0))
         s1 = builder.bitcast(builder.add(g, _splat_const(_V8I, 0x7F000000)), _V8F)

@@ -83,11 +83,14 @@ class Transformer:
         self.kv_row = np.zeros(c.head_dim, f32)
         self.kv_half_bits = np.zeros(8, np.uint16)
         self.attention_scale = np.float32(1.0) / np.sqrt(np.float32(c.head_dim))   # 1.0f/sqrtf(d) as llama.cpp
+        # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
+        # the file pages of the GGUF copy, and each new token id would page-fault on them.
+        self.embedding_from_head = (weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
+                                    and weights.output.packed is not None)
 
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
         w = self.weights
-        tied = w.output.raw is w.embedding_raw
-        if w.embedding_quant is Q8_0 and tied and w.output.packed is not None:
+        if self.embedding_from_head:
             gather_rows_q8_0(w.output.packed, w.output.tail, token_ids, HALF_TO_FLOAT, out)
         elif w.embedding_quant is Q8_0:
             ops.embed_q8_0(w.embedding_raw, token_ids, HALF_TO_FLOAT, out)
