@@ -26,6 +26,7 @@ class EngineConfig:
     queue_timeout_s: float = 30.0
     max_pending_per_session: int = 8
     num_threads: int = 2
+    lock_memory: bool = False            # mlock weights, KV arena and buffers (engine/memory_lock.py)
 
     def validate(self) -> "EngineConfig":
         checks = [

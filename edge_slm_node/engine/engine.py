@@ -21,6 +21,7 @@ from ..model.transformer import Transformer
 from ..model.utf8_stream import Utf8StreamDecoder
 from .batch import BatchBuilder
 from .config import ConfigError, EngineConfig
+from .memory_lock import lock_arrays
 from .request import FinishReason, Request, TokenEvent
 from .sampling import InvalidRequestError, Sampler, SamplingParams
 from .scheduler import PREFIX_SEQ_KEY, Scheduler
@@ -64,6 +65,9 @@ class Engine:
                 raise ConfigError(f"system prompt is {len(self.prefix_ids)} tokens; max_context_tokens="
                                   f"{self.max_context} leaves no room for a conversation")
             self.scheduler.prefill_shared_prefix(PREFIX_SEQ_KEY, self.prefix_ids)
+        # after the prefix prefill: every buffer a step uses exists now
+        self.locked_bytes = lock_arrays(self.transformer.resident_arrays() + [self.arena.storage]) \
+            if config.lock_memory else 0
 
     # ---- prompts -------------------------------------------------------------------------
     def render_prefix(self, system_prompt: str) -> list[int]:
@@ -214,4 +218,4 @@ class Engine:
                 prefix_query_tokens=kv.prefix_query_tokens, prefix_hit_tokens=kv.prefix_hit_tokens,
                 evictions=kv.evictions, preemptions=self.preemptions, queue_length=len(self.queue),
                 running=len(self.running), weights_bytes=self.model.weights.num_bytes,
-                arena_bytes=self.arena.num_bytes, sessions=sessions)
+                arena_bytes=self.arena.num_bytes, locked_bytes=self.locked_bytes, sessions=sessions)

@@ -32,6 +32,7 @@ class EngineStats:
     running: int
     weights_bytes: int
     arena_bytes: int
+    locked_bytes: int = 0       # mlocked by lock_memory (weights, KV arena, buffers)
     sessions: list = field(default_factory=list)
 
     @property

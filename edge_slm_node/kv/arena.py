@@ -33,6 +33,7 @@ class KVArena:
         storage = np.zeros((config.num_layers, 2, num_blocks, config.num_kv_heads, block_size,
                             config.head_dim), np.uint16)
         storage.fill(0)
+        self.storage = storage
         self.data = storage.transpose(0, 1, 2, 4, 3, 5)
 
     @classmethod

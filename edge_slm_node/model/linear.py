@@ -50,6 +50,10 @@ class PreparedInput:
         self.num_tokens = 0
         self._xq16_ready = self._sums_ready = False
 
+    def buffers(self) -> list:
+        """Every buffer allocated so far."""
+        return [b for b in (self._xq, self._xd, self._xs, self._xq16, self._sums, self._half) if b is not None]
+
     def prepare(self, x: np.ndarray) -> "PreparedInput":
         num_tokens = x.shape[0]
         self.x = x
@@ -131,6 +135,10 @@ class QuantizedLinear:
     @property
     def nbytes(self) -> int:
         return self.raw.nbytes if self.packed is None else self.packed.nbytes + self.tail.nbytes
+
+    def kernel_arrays(self) -> list:
+        """The arrays the kernels read (for locking them in memory)."""
+        return [self.raw] if self.packed is None else [self.packed, self.tail]
 
     @property
     def needs_q8(self) -> bool:

@@ -88,6 +88,23 @@ class Transformer:
         self.embedding_from_head = (weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
                                     and weights.output.packed is not None)
 
+    def resident_arrays(self) -> list:
+        """Every array a forward pass reads or writes: weights and buffers (to lock them in RAM)."""
+        w = self.weights
+        arrays = [w.output_norm, *w.output.kernel_arrays()]
+        if not self.embedding_from_head:
+            arrays.append(w.embedding_raw)
+        for layer in w.layers:
+            arrays += [layer.attn_norm, layer.ffn_norm, layer.q_bias, layer.k_bias, layer.v_bias]
+            for linear in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
+                arrays += linear.kernel_arrays()
+        arrays += [self.hidden, self.normed, self.q, self.k, self.v, self.attn, self.proj, self.gate, self.up,
+                   self.logits, self.final_normed, self.rope_cos, self.rope_sin, self.attention_work,
+                   self.kv_row, self.kv_half_bits]
+        for prepared in (self.normed_input, self.attn_input, self.ffn_input, self.output_input):
+            arrays += prepared.buffers()
+        return [a for a in arrays if a is not None]
+
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
         w = self.weights
         if self.embedding_from_head:

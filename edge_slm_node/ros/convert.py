@@ -83,7 +83,8 @@ def diagnostics(stats, stamp, node_name: str, state: str, rss_bytes: int) -> Dia
     if stats is not None:
         values.update(total_blocks=stats.total_blocks, free_blocks=stats.free_blocks, used_blocks=stats.used_blocks,
                       cached_blocks=stats.cached_blocks, shared_blocks=stats.shared_blocks,
-                      queue_length=stats.queue_length, sessions=len(stats.sessions), preemptions=stats.preemptions)
+                      queue_length=stats.queue_length, sessions=len(stats.sessions), preemptions=stats.preemptions,
+                      locked_mb=f"{stats.locked_bytes / 2**20:.1f}")
     status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
     array = DiagnosticArray(status=[status])
     array.header.stamp = stamp

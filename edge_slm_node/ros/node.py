@@ -28,6 +28,7 @@ from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, R
 from ..engine.config import ConfigError
 from ..engine.engine import Engine, UnknownSessionError
 from ..engine.memory import MemoryBudgetError, check_memory_budget, resident_bytes
+from ..engine.memory_lock import MemoryLockError
 from ..engine.sampling import InvalidRequestError
 from ..model.gguf_file import GGUFError, GGUFFile
 from ..model.loader import default_model_path
@@ -77,7 +78,7 @@ class EdgeSlmNode(Node):
         try:
             engine_config = check_memory_budget(self.settings, self.model_path, self.get_logger())
             engine = Engine(engine_config)
-        except (MemoryBudgetError, GGUFError, ConfigError, OSError, ValueError) as error:
+        except (MemoryBudgetError, MemoryLockError, GGUFError, ConfigError, OSError, ValueError) as error:
             self.fatal_error = str(error)
             self.state = f"failed: {error}"
             self.get_logger().fatal(f"engine failed to start: {error}")
@@ -88,7 +89,8 @@ class EdgeSlmNode(Node):
         self.get_logger().info(
             f"ready in {time.monotonic() - started:.1f} s: {self.model_path}, KV pool {stats.total_blocks} blocks x "
             f"{stats.block_size} tokens ({stats.bytes_per_block / 1024:.0f} KiB each), shared prompt "
-            f"{len(engine.prefix_ids)} tokens")
+            f"{len(engine.prefix_ids)} tokens" + (f", {stats.locked_bytes / 2**20:.1f} MiB locked in RAM"
+                                                   if stats.locked_bytes else ""))
         while self._early_commands:
             self.on_command(self._early_commands.popleft())
         self.publish_status()

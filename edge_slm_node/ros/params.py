@@ -24,6 +24,7 @@ PARAMETERS = {
     "status_rate_hz": (1.0, "pool_status and /diagnostics rate"),
     "session_idle_timeout_s": (1800.0, "idle sessions are destroyed after this; 0 = never"),
     "num_threads": (2, "compute threads for the model"),
+    "lock_memory": (False, "mlock weights + KV pool + buffers (never swapped); needs CAP_IPC_LOCK or RLIMIT_MEMLOCK"),
     "qos_depth": (50, "queue depth of command / tokens topics"),
     "max_queued_requests": (64, "commands waiting for the engine, all sessions"),
     "max_pending_per_session": (8, "commands waiting behind a busy session"),
@@ -71,7 +72,7 @@ def settings_from_values(values: dict) -> NodeSettings:
         system_prompt=system_prompt, max_queued_requests=values["max_queued_requests"],
         max_pending_per_session=values["max_pending_per_session"],
         queue_timeout_s=values["queue_timeout_s"], max_input_chars=values["max_input_chars"],
-        max_new_tokens_limit=values["max_context_tokens"],
+        max_new_tokens_limit=values["max_context_tokens"], lock_memory=bool(values["lock_memory"]),
     ).validate()
     defaults = SamplingParams(temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
                               repetition_penalty=values["repetition_penalty"],

@@ -1,4 +1,6 @@
 """Faults against the node process: vanished clients, cancel, floods, limits, expiry, signals, budget."""
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,3 +165,17 @@ def test_corrupt_model_file_stops_at_start(tmp_path, ros_env_module):
                              str(params)], env=ros_env_module, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert "corrupt.gguf" in result.stderr and "GGUF" in result.stderr
+
+
+@pytest.mark.skipif(not shutil.which("prlimit") or not shutil.which("setpriv"), reason="needs util-linux")
+def test_lock_memory_without_privilege_refuses_to_start(tmp_path, ros_env_module):
+    params = write_params(tmp_path, lock_memory=True, max_context_tokens=640)
+    command = ["prlimit", "--memlock=1048576:1048576"]
+    if os.geteuid() == 0:             # root would lock anyway: drop CAP_IPC_LOCK for the node
+        command += ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"]
+    result = subprocess.run(command + [sys.executable, "-m", "edge_slm_node.ros.node", "--ros-args", "--params-file",
+                                       str(params)], env=ros_env_module, cwd=REPO, capture_output=True, text=True,
+                            timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "lock_memory: mlock of" in output and "RLIMIT_MEMLOCK is 1.0 MiB" in output, output[-2000:]

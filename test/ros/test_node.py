@@ -1,4 +1,6 @@
 """The node in its own process, real rclpy clients here, the real model and real interfaces."""
+import os
+import resource
 import subprocess
 import sys
 
@@ -95,3 +97,27 @@ def test_bad_parameters_stop_the_node_at_start(tmp_path, ros_env_module, overrid
                              str(params)], env=ros_env_module, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert message in result.stderr + result.stdout
+
+
+def test_lock_memory_shows_locked_megabytes_in_diagnostics(tmp_path, ros_env_module):
+    if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] != resource.RLIM_INFINITY:
+        pytest.skip("locking the weights needs root / CAP_IPC_LOCK or an unlimited RLIMIT_MEMLOCK")
+    # a domain of its own: the module's long-lived node must not answer for this one
+    env = dict(ros_env_module, ROS_DOMAIN_ID=str(int(ros_env_module["ROS_DOMAIN_ID"]) + 2))
+    with running_node(tmp_path, env, lock_memory=True, max_context_tokens=640) as client:
+        client.spin_until(lambda: _diagnostic_value(client, "locked_mb") is not None, 30, "locked_mb in /diagnostics")
+        pool = client.latest_pool()
+        locked = float(_diagnostic_value(client, "locked_mb")) * 2**20
+        arena = pool.total_blocks * pool.bytes_per_block
+        assert locked >= 0.9 * pool.weights_bytes + arena, (locked, pool.weights_bytes, arena)
+        client.send("s", "Why is spindle 2 alarming?", 1, max_new_tokens=4, temperature=0.0)
+        assert client.wait_done(1)[-1].finish_reason in ("length", "stop")
+
+
+def _diagnostic_value(client, key):
+    for array in reversed(client.diagnostics):
+        for status in array.status:
+            for item in status.values:
+                if item.key == key:
+                    return item.value
+    return None
