@@ -1,6 +1,6 @@
 """Paged attention and KV-write speed: the frozen pre-vectorization kernels vs the current ones.
 
-    .venv/bin/python bench/bench_attention.py [--rounds 7] [--calls 30] [--threads 2]
+    .venv/bin/python bench/bench_attention.py [--rounds 7] [--calls 30] [--threads 2] [--baseline REV]
 
 SmolLM2-135M shapes (9 query heads, 3 KV heads, head_dim 64, 16-token blocks). Each call uses
 the next of 30 layers of a real-sized arena (blocks scattered), so K/V come from the cache
@@ -8,7 +8,8 @@ hierarchy as in a forward pass rather than from L1. Variants run interleaved in 
 the table shows the median microseconds per call (one layer). "old" is the frozen copy in
 test/kernels/test_attention.py (old arena layout); "new" is kernels/attention.py on the
 KVArena layout (auto = serial/parallel chosen by attention.PARALLEL_MIN_MACS), and on the old
-layout for comparison.
+layout for comparison. --baseline REV adds kernels/attention.py as of git revision REV
+("baseline auto"), interleaved with the working tree: before/after in one process.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
+from baseline import load_baseline  # noqa: E402
 from edge_slm_node.kernels import attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -55,7 +57,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=30, help="calls per variant per round (one per layer)")
     parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
+    parser.add_argument("--baseline", metavar="REV", help="also time kernels/attention.py at this git revision")
     args = parser.parse_args()
+    baseline = load_baseline(args.baseline, "kernels.attention")[0] if args.baseline else None
     numba.set_num_threads(args.threads)
     ref = load_reference()
     rng = np.random.default_rng(0)
@@ -67,6 +71,7 @@ def main():
     threads = numba.config.NUMBA_NUM_THREADS
     group = HEADS // KV_HEADS
     work = attention.attention_work(HEADS, KV_HEADS, HEAD_DIM, 1024)
+    baseline_work = baseline.attention_work(HEADS, KV_HEADS, HEAD_DIM, 1024) if baseline else None
     old_scratch = (np.zeros((threads, group, 1024), np.float32), np.zeros((threads, group, 32, HEAD_DIM), np.float32),
                    np.zeros((threads, HEAD_DIM), np.uint32), np.zeros((threads, HEAD_DIM), np.float32))
 
@@ -89,8 +94,14 @@ def main():
                 q[:] = case["q"]
                 attention.paged_attention(q, arena[layer, 0], arena[layer, 1], *common, out, work, parallel=parallel)
             return run
-        return {"old": old, "new auto": new(arena_new, None), "new serial": new(arena_new, False),
-                "new parallel": new(arena_new, True), "new auto, old layout": new(arena_old, None)}
+        variants = {"old": old, "new auto": new(arena_new, None), "new serial": new(arena_new, False),
+                    "new parallel": new(arena_new, True), "new auto, old layout": new(arena_old, None)}
+        if baseline is not None:
+            def before(layer):
+                q[:] = case["q"]
+                baseline.paged_attention(q, arena_new[layer, 0], arena_new[layer, 1], *common, out, baseline_work)
+            variants["baseline auto"] = before
+        return variants
 
     def write_variants(case):
         kv_bits = np.zeros((case["k"].shape[0], HEAD_DIM), np.uint16)
@@ -105,7 +116,7 @@ def main():
 
     rows = [(f"attention, {name}", attention_variants(case)) for name, case in cases]
     rows += [(f"write_kv, T={case['k'].shape[0]}", write_variants(case)) for _, case in (cases[1], cases[3], cases[4])]
-    columns = ["old", "new auto", "new serial", "new parallel", "new auto, old layout", "new"]
+    columns = ["old", "baseline auto", "new auto", "new serial", "new parallel", "new auto, old layout", "new"]
     timings = {(label, v): [] for label, variants in rows for v in variants}
     for label, variants in rows:                                   # compile and warm up
         for fn in variants.values():

@@ -17,14 +17,8 @@ in one process ("baseline ..." rows).
 from __future__ import annotations
 
 import argparse
-import importlib
-import io
 import os
-import re
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 
 import numba
@@ -34,6 +28,7 @@ from numba import njit, prange
 REPO_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO_ROOT)
 
+from baseline import load_baseline  # noqa: E402
 from edge_slm_node.kernels import matmul, matmul_rows  # noqa: E402
 from edge_slm_node.kernels.half import HALF_TO_FLOAT  # noqa: E402
 from edge_slm_node.model import linear as linear_module  # noqa: E402
@@ -62,29 +57,6 @@ def on_pool(fn):
         finally:
             linear_module.PARALLEL_MIN_BYTES, linear_module.PARALLEL_MIN_MACS = limits
     return run
-
-
-def load_baseline(rev: str):
-    """edge_slm_node as of git revision `rev`, copied to a temporary directory under the name
-    edge_slm_node_baseline -> (its model.loader, its model.linear)."""
-    archive = subprocess.run(["git", "-C", REPO_ROOT, "archive", rev, "edge_slm_node"], check=True,
-                             capture_output=True).stdout
-    target = tempfile.mkdtemp(prefix="bench_baseline_")
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(target)
-    package = os.path.join(target, "edge_slm_node_baseline")
-    os.rename(os.path.join(target, "edge_slm_node"), package)
-    for folder, _, files in os.walk(package):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                with open(path) as handle:
-                    text = handle.read()
-                with open(path, "w") as handle:
-                    handle.write(re.sub(r"\bedge_slm_node\b", "edge_slm_node_baseline", text))
-    sys.path.insert(0, target)
-    return (importlib.import_module("edge_slm_node_baseline.model.loader"),
-            importlib.import_module("edge_slm_node_baseline.model.linear"))
 
 
 class Package:
@@ -161,7 +133,7 @@ def main() -> None:
 
     packages = [Package("", loader_module, linear_module)]
     if args.baseline:
-        packages.append(Package("baseline ", *load_baseline(args.baseline)))
+        packages.append(Package("baseline ", *load_baseline(args.baseline, "model.loader", "model.linear")))
         print(f"baseline: git revision {args.baseline}")
     model = packages[0].model
     weights, config = model.weights, model.config
