@@ -27,6 +27,21 @@ def run_one(engine, session_id, text, params, raw=False):
     return request
 
 
+def run_together(engine, turns, params, raw=False):
+    """Submit (session, text) turns at once and step until all are done."""
+    batch = [engine.submit(session_id, text, params, raw=raw) for session_id, text in turns]
+    while not all(r.done for r in batch):
+        engine.step()
+    return batch
+
+
+def batch_figures(batch):
+    """-> (aggregate decode tokens/s, mean per-session ms per decoded token)."""
+    aggregate = sum(r.decode_steps for r in batch) / sum(r.decode_seconds for r in batch) * len(batch) \
+        if all(r.decode_seconds for r in batch) else 0.0
+    return aggregate, 1000.0 * sum(r.decode_seconds / r.decode_steps for r in batch) / len(batch)
+
+
 def main():
     threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     engine = Engine(EngineConfig(kv_pool_mb=96, max_context_tokens=1024, num_threads=threads,
@@ -56,14 +71,21 @@ def main():
     for name in names:
         engine.create_session(name, system_prompt="")
     started = time.monotonic()
-    batch = [engine.submit(name, f"Describe alarm {100 + i} on a CNC mill.", decode, raw=True)
-             for i, name in enumerate(names)]
-    while not all(r.done for r in batch):
-        engine.step()
+    batch = run_together(engine, [(name, f"Describe alarm {100 + i} on a CNC mill.") for i, name in enumerate(names)],
+                         decode, raw=True)
     wall = time.monotonic() - started
-    aggregate = sum(r.decode_steps for r in batch) / sum(r.decode_seconds for r in batch) * len(batch) \
-        if all(r.decode_seconds for r in batch) else 0.0
-    per_session_ms = 1000.0 * sum(r.decode_seconds / r.decode_steps for r in batch) / len(batch)
+    aggregate, per_session_ms = batch_figures(batch)
+
+    # as deployed: sessions on the shared CNC system prompt (context ~300-430 while decoding)
+    engine.create_session("cnc")
+    cnc = run_one(engine, "cnc", COMMAND_16, decode)
+    engine.destroy_session("cnc")
+    names = [f"c{i}" for i in range(4)]
+    for name in names:
+        engine.create_session(name)
+    cnc_batch = run_together(engine, [(name, COMMAND_16.replace("Spindle 2", f"Spindle {i + 1}"))
+                                      for i, name in enumerate(names)], decode)
+    aggregate_cnc, per_session_cnc_ms = batch_figures(cnc_batch)
 
     cold_engine = Engine(EngineConfig(kv_pool_mb=32, max_context_tokens=1024, num_threads=threads,
                                       system_prompt=None, enable_prefix_cache=False), model=engine.model)
@@ -81,6 +103,11 @@ def main():
         "aggregate4_wall_tps": sum(r.decode_steps for r in batch) / wall,
         "per_session4_ms": per_session_ms,
         "single_ms": 1000.0 / single.decode_tokens_per_s,
+        "decode_cnc_tps": cnc.decode_tokens_per_s,
+        "cnc_context": len(cnc.prompt_ids) + cnc.decode_steps + 1,
+        "aggregate4_cnc_tps": aggregate_cnc,
+        "per_session4_cnc_ms": per_session_cnc_ms,
+        "single_cnc_ms": 1000.0 / cnc.decode_tokens_per_s,
         "faults_per_token": faults_per_token,
     }))
 
