@@ -89,6 +89,20 @@ def empty_region(a):
 CLOCK = time.perf_counter      # --cpu-time: time.thread_time (this thread's CPU time; 1 thread only)
 
 
+def region_after_work(probe, gap_us: float, calls: int = 300) -> float:
+    """Median seconds of one empty 2-thread region entered after gap_us of main-thread work (in a
+    decode step the pool sleeps 0.5-1 ms between parallel matmuls; waking it costs more the longer)."""
+    samples = []
+    for _ in range(calls):
+        end = time.perf_counter() + gap_us * 1e-6
+        while time.perf_counter() < end:
+            pass
+        started = time.perf_counter()
+        empty_region(probe)
+        samples.append(time.perf_counter() - started)
+    return float(np.median(samples))
+
+
 def time_calls(fn, calls: int) -> float:
     start = CLOCK()
     for _ in range(calls):
@@ -145,6 +159,10 @@ def main() -> None:
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, load average {os.getloadavg()[0]:.1f}")
     region = interleaved({f"{n}": (n, lambda: empty_region(probe)) for n in args.threads}, args.rounds)
     print("empty prange region: " + ", ".join(f"{n} thread(s) {s * 1e6:.1f} us" for n, s in region.items()))
+    if numba.config.NUMBA_NUM_THREADS > 1 and not args.cpu_time:
+        numba.set_num_threads(2)
+        print("  2 threads, after main-thread work of " + ", ".join(
+            f"{gap} us: {region_after_work(probe, gap) * 1e6:.1f} us" for gap in (0, 200, 500, 2000)))
 
     print(f"\n{'shape':<22} {'variant':<24} {'threads':>7} {'median us':>12} {'GMAC/s':>8}")
     for tokens in args.tokens:
