@@ -25,6 +25,7 @@ from .memory_lock import lock_arrays
 from .request import FinishReason, Request, TokenEvent
 from .sampling import InvalidRequestError, Sampler, SamplingParams
 from .scheduler import PREFIX_SEQ_KEY, Scheduler
+from .side_forward import SideForward
 from .session import Session
 from .stop_strings import StopStringMatcher
 from .stats import EngineStats, SessionStats
@@ -49,6 +50,14 @@ class Engine:
                                        max_logits_rows=config.max_running + 1)
         max_blocks = -(-self.max_context // config.block_size)
         self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
+        # Decode-only steps of 2+ sequences split them over two threads, each running a whole
+        # forward on its half with single-threaded kernels: one hand-off per step instead of a
+        # thread-pool wake-up per matmul (scheduler.py, "split decode").
+        self.side = None
+        if config.num_threads >= 2 and config.max_running >= 2 and self.transformer.runs_single_threaded:
+            self.side = SideForward(Transformer(mc, self.model.weights, config.max_running, self.max_context,
+                                                max_logits_rows=config.max_running),
+                                    BatchBuilder(config.max_running, config.max_running, max_blocks))
         self.sessions: dict[str, Session] = {}
         self.queue: deque[Request] = deque()
         self.running: list[Request] = []
@@ -66,8 +75,12 @@ class Engine:
                                   f"{self.max_context} leaves no room for a conversation")
             self.scheduler.prefill_shared_prefix(PREFIX_SEQ_KEY, self.prefix_ids)
         # after the prefix prefill: every buffer a step uses exists now
-        self.locked_bytes = lock_arrays(self.transformer.resident_arrays() + [self.arena.storage]) \
-            if config.lock_memory else 0
+        self.locked_bytes = lock_arrays(self.resident_arrays()) if config.lock_memory else 0
+
+    def resident_arrays(self) -> list:
+        """Weights, KV arena and every activation buffer (what lock_memory pins in RAM)."""
+        side = self.side.transformer.resident_arrays() if self.side is not None else []
+        return self.transformer.resident_arrays() + side + [self.arena.storage]
 
     # ---- prompts -------------------------------------------------------------------------
     def render_prefix(self, system_prompt: str) -> list[int]:

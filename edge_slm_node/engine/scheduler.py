@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class Scheduler:
     def __init__(self, engine: "Engine"):
         self.engine = engine
+        self.split_steps = 0                # decode steps run as two half-batches on two threads
 
     # ---- shared prefix ---------------------------------------------------------------------
     def prefill_shared_prefix(self, seq_id, token_ids: list) -> None:
@@ -56,14 +57,18 @@ class Scheduler:
             plan = self._plan_batch()
             if plan is None:
                 return False
-            prefill_request, decoders = plan
+            prefill_request, decoders, split = plan
             batch = e.batch.build()
+            side_batch = e.side.batch.build() if split else None
             active = [r.session_id for r in decoders] + ([prefill_request.session_id] if prefill_request else [])
             e._in_forward.update(active)
         started = time.monotonic()
         error = None
         try:
-            logits = e.transformer.forward(batch, e.arena.data)
+            if split:
+                logits = self._split_forward(batch, side_batch)
+            else:
+                logits = e.transformer.forward(batch, e.arena.data)
         except Exception as exc:          # a kernel failure must not take the node down
             error = f"{type(exc).__name__}: {exc}"
         elapsed = time.monotonic() - started
@@ -93,7 +98,8 @@ class Scheduler:
         return True
 
     def _plan_batch(self):
-        """Fill e.batch with one token per decoding request plus a prefill chunk; None if idle."""
+        """Fill e.batch with one token per decoding request plus a prefill chunk (decode-only steps of
+        2+ requests: the later half into e.side.batch) -> (prefill request, decoders, split); None if idle."""
         e = self.engine
         e.batch.clear()
         decoders = []
@@ -104,9 +110,14 @@ class Scheduler:
                 continue
             decoders.append(request)
         prefill_request = next((r for r in e.running if r.state is RequestState.PREFILL), None)
-        for request in decoders:
-            position = e.kv.num_tokens(request.session_id)
-            e.batch.add(e.kv, request.session_id, [request.next_token], position, want_logits=True)
+        split = e.side is not None and prefill_request is None and len(decoders) >= 2
+        halves = [decoders[:(len(decoders) + 1) // 2], decoders[(len(decoders) + 1) // 2:]] if split else [decoders]
+        if split:
+            e.side.batch.clear()
+        for builder, half in zip((e.batch, e.side.batch if split else None), halves):
+            for request in half:
+                position = e.kv.num_tokens(request.session_id)
+                builder.add(e.kv, request.session_id, [request.next_token], position, want_logits=True)
         if prefill_request is not None:
             r = prefill_request
             room = e.config.max_batch_tokens - e.batch.num_tokens
@@ -121,7 +132,20 @@ class Scheduler:
                                                   len(r.prompt_ids)))
         if not decoders and prefill_request is None:
             return None
-        return prefill_request, decoders
+        return prefill_request, decoders, split
+
+    def _split_forward(self, batch, side_batch) -> list:
+        """Split decode: side_batch's forward on the side thread while batch's runs here, both with
+        single-threaded kernels; -> logits rows in decoder order. Results are the same as one
+        batched forward (every kernel computes a sequence's rows independently of the others)."""
+        e = self.engine
+        self.split_steps += 1
+        e.side.run(side_batch, e.arena.data)
+        try:
+            logits = e.transformer.forward(batch, e.arena.data, parallel=False)
+        finally:
+            side_logits = e.side.wait()
+        return [*logits, *side_logits]
 
     def _reserve_decode_slot(self, request: Request) -> bool:
         e = self.engine

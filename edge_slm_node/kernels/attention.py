@@ -506,7 +506,7 @@ def _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, t
             batched[first] != 0, scale, out, work)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out, work):
     """paged_attention on the calling thread only (uses work[0])."""
     firsts, counts = _chunks(token_seq, batched, q.shape[2])
@@ -580,7 +580,7 @@ def _write_row(source, cache, block, offset, h, row, bits):
         cache[block, offset, h, d] = bits[0]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def write_kv(k, v, slot_mapping, k_cache, v_cache, row, bits):
     """k, v (T, kv_heads, head_dim) f32 -> cache slots slot_mapping (T,) as fp16 (round to nearest
     even, as half.float_to_half_bits). Scratch: row f32 (head_dim,), bits u16 (8,)."""

@@ -105,7 +105,7 @@ def _prefetch_lines(w, at, lines):
         prefetch(w, at + 64 * i)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def block_sums(xq, out):
     """xq (T, nb*32) int8 -> out (T, nb) int32 per-block sums (Q4_0 subtracts 8 * these)."""
     for t in range(xq.shape[0]):
@@ -365,7 +365,7 @@ def matmul_q4_1_packed(packed, tail, xq, xd, xs, half_to_float, outs, part_ends)
     _q4_1_tail(tail, xq, xd, xs, half_to_float, outs)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def matmul_q4_1_packed_serial(packed, tail, xq, xd, xs, half_to_float, outs, part_ends):
     """matmul_q4_1_packed on the calling thread only."""
     _q4_1_groups(0, packed.shape[0], packed, xq, xd, xs, outs, part_ends)
@@ -405,7 +405,7 @@ def matmul_q4_0_packed(packed, tail, xq, xsum, xd, half_to_float, outs, part_end
     _q4_0_tail(tail, xq, xd, half_to_float, outs)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def matmul_q4_0_packed_serial(packed, tail, xq, xsum, xd, half_to_float, outs, part_ends):
     """matmul_q4_0_packed on the calling thread only."""
     _q4_0_groups(0, packed.shape[0], packed, xq, xsum, xd, outs, part_ends)
@@ -446,7 +446,7 @@ def matmul_q8_0_packed(packed, tail, xq, xq16, xd, half_to_float, outs, part_end
     _q8_0_tail(tail, xq, xd, half_to_float, outs)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def matmul_q8_0_packed_serial(packed, tail, xq, xq16, xd, half_to_float, outs, part_ends):
     """matmul_q8_0_packed on the calling thread only."""
     _q8_0_groups(0, packed.shape[0], packed, xq16, xd, outs, part_ends)

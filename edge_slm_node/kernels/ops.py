@@ -110,7 +110,7 @@ def hsum8(v, at):
 
 # --------------------------------------------------------------------------------- kernels
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rms_norm(x, weight, eps, out):
     """x (T, n) f32, weight (n,) -> out (T, n) = x / sqrt(mean(x^2) + eps) * weight.
 
@@ -126,7 +126,7 @@ def rms_norm(x, weight, eps, out):
             out[t, i] = (x[t, i] * scale) * weight[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_in_place(x, y):
     """x (T, n) += y (T, n)."""
     num_tokens, n = x.shape
@@ -135,7 +135,7 @@ def add_in_place(x, y):
             x[t, i] += y[t, i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def add_bias(x, bias):
     """x (T, n) += bias (n,)."""
     num_tokens, n = x.shape
@@ -144,7 +144,7 @@ def add_bias(x, bias):
             x[t, i] += bias[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def silu_mul(gate, up, out):
     """gate, up (T, n) C-contiguous -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32).
 
@@ -180,7 +180,7 @@ def rope_tables(max_positions, rotary_dims, freq_base):
     return cos, sin
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def apply_rope(x, positions, cos, sin, neox):
     """x (T, heads, head_dim) rotated in place by positions (T,); neox pairs (i, i+d/2), else (2i, 2i+1).
 
@@ -213,7 +213,7 @@ def dequantize_row_q8_0(row, half_to_float, out):
             out[b * 32 + j] = d * np.float32(signed[base + 2 + j])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def embed_q8_0(table, token_ids, half_to_float, out):
     """Q8_0 table (vocab, n/32*34 B), token_ids (T,) -> out (T, n) f32."""
     for t in range(token_ids.shape[0]):

@@ -11,7 +11,7 @@ from .half import round_to_half
 QUANT_BLOCK = 32
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def quantize_rows_q8(x, xq, xd, xs):
     """x (T, K) f32 -> xq (T, K) int8, xd (T, K/32) f16-rounded scales, xs (T, K/32) f16-rounded d*sum(q)."""
     num_rows, length = x.shape

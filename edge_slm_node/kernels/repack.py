@@ -75,7 +75,7 @@ def _pack(raw, packed, type_size, scale_bytes, chunk_bytes):
                         packed[g, at + k] = source[src + scale_bytes + c * chunk_bytes + k]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gather_rows_q8_0(packed, tail, rows, half_to_float, out):
     """Dequantize rows (T,) of a repacked Q8_0 matrix (packed, tail as from repack) -> out (T, n) f32.
 

@@ -148,12 +148,14 @@ class QuantizedLinear:
     def needs_half(self) -> bool:
         return self.quant is F16
 
-    def apply(self, prepared: PreparedInput, out: np.ndarray) -> None:
-        """prepared x (T, in_features) -> out (T, out_features), C-contiguous float32."""
+    def apply(self, prepared: PreparedInput, out: np.ndarray, parallel: bool = True) -> None:
+        """prepared x (T, in_features) -> out (T, out_features), C-contiguous float32.
+        parallel=False: on the calling thread only (else on the thread pool when big enough)."""
         _check_out(out, prepared, self.out_features, self.name)
         quant = self.quant
         if quant in PACKED_TYPES:
-            _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self._part_ends, self.in_features)
+            _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self._part_ends, self.in_features,
+                           parallel)
         elif quant is F16:
             matmul_rows.matmul_f16(self.raw, prepared.x_half, HALF_TO_FLOAT, out)
         else:
@@ -197,18 +199,18 @@ class FusedLinear:
     def needs_half(self) -> bool:
         return any(p.needs_half for p in self.parts)
 
-    def apply(self, prepared: PreparedInput, outs: Sequence[np.ndarray]) -> None:
+    def apply(self, prepared: PreparedInput, outs: Sequence[np.ndarray], parallel: bool = True) -> None:
         """prepared x (T, in_features) -> outs[i] (T, parts[i].out_features), one per part."""
         if not self.fused:
             for part, out in zip(self.parts, outs, strict=True):
-                part.apply(prepared, out)
+                part.apply(prepared, out, parallel)
             return
         outs = tuple(outs)
         if len(outs) != len(self.parts):
             raise ValueError(f"fused {[p.name for p in self.parts]} needs {len(self.parts)} outputs, got {len(outs)}")
         for part, out in zip(self.parts, outs):
             _check_out(out, prepared, part.out_features, part.name)
-        _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self._part_ends, self.in_features)
+        _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self._part_ends, self.in_features, parallel)
 
 
 def _adjacent_rows(arrays):
@@ -231,10 +233,10 @@ def _check_out(out: np.ndarray, prepared: PreparedInput, rows: int, name: str) -
                          f"got {out.dtype} {out.shape}")
 
 
-def _packed_kernel(quant, packed, tail, prepared, outs, part_ends, in_features) -> None:
+def _packed_kernel(quant, packed, tail, prepared, outs, part_ends, in_features, allow_parallel) -> None:
     rows = packed.shape[0] * ROWS_PER_GROUP + tail.shape[0]
-    parallel = (packed.nbytes >= PARALLEL_MIN_BYTES
-                or prepared.num_tokens * rows * in_features >= PARALLEL_MIN_MACS)
+    parallel = allow_parallel and (packed.nbytes >= PARALLEL_MIN_BYTES
+                                   or prepared.num_tokens * rows * in_features >= PARALLEL_MIN_MACS)
     if quant is Q4_1:
         kernel = matmul.matmul_q4_1_packed if parallel else matmul.matmul_q4_1_packed_serial
         kernel(packed, tail, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, outs, part_ends)

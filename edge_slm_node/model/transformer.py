@@ -114,9 +114,19 @@ class Transformer:
         else:
             out[:] = dequantize(w.embedding_raw[token_ids], w.embedding_quant)
 
-    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray) -> np.ndarray:
+    @property
+    def runs_single_threaded(self) -> bool:
+        """forward(parallel=False) keeps to the calling thread (every weight has a serial kernel), so
+        two Transformers on the same weights can run side by side on two threads."""
+        w = self.weights
+        linears = [w.output] + [getattr(layer, name) for layer in w.layers
+                                for name in ("q", "k", "v", "o", "gate", "up", "down")]
+        return all(linear.packed is not None for linear in linears)
+
+    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
-        head_dim) u16 (KVArena.data), return logits (len(logits_rows), vocab) — a view of an internal buffer."""
+        head_dim) u16 (KVArena.data), return logits (len(logits_rows), vocab) — a view of an internal buffer.
+        parallel=False: every kernel on the calling thread (see runs_single_threaded)."""
         c = self.config
         num_tokens = batch.token_ids.shape[0]
         if num_tokens > self.max_batch_tokens:
@@ -136,7 +146,7 @@ class Transformer:
         for index, layer in enumerate(self.weights.layers):
             ops.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps, normed)
             prepared = self.normed_input.prepare(normed)
-            self.qkv[index].apply(prepared, (q, k, v))
+            self.qkv[index].apply(prepared, (q, k, v), parallel)
             if layer.q_bias is not None:
                 ops.add_bias(q, layer.q_bias)
                 ops.add_bias(k, layer.k_bias)
@@ -145,19 +155,19 @@ class Transformer:
             ops.apply_rope(heads_k, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
             k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
             write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, self.kv_row, self.kv_half_bits)
-            paged_attention(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                            batch.token_context, batched, self.attention_scale, heads_out, self.attention_work)
-            layer.o.apply(self.attn_input.prepare(attn), proj)
+            paged_attention(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq, batch.token_context,
+                            batched, self.attention_scale, heads_out, self.attention_work, None if parallel else False)
+            layer.o.apply(self.attn_input.prepare(attn), proj, parallel)
             ops.add_in_place(hidden, proj)
             ops.rms_norm(hidden, layer.ffn_norm, c.rms_norm_eps, normed)
             prepared = self.normed_input.prepare(normed)
-            self.gate_up[index].apply(prepared, (gate, up))
+            self.gate_up[index].apply(prepared, (gate, up), parallel)
             ops.silu_mul(gate, up, gate)
-            layer.down.apply(self.ffn_input.prepare(gate), proj)
+            layer.down.apply(self.ffn_input.prepare(gate), proj, parallel)
             ops.add_in_place(hidden, proj)
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
         ops.rms_norm(hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
         logits = self.logits[:rows]
-        self.weights.output.apply(self.output_input.prepare(final), logits)
+        self.weights.output.apply(self.output_input.prepare(final), logits, parallel)
         return logits

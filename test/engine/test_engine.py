@@ -1,4 +1,5 @@
 """The engine on the real SmolLM2 GGUF: sessions, multi-turn KV reuse, sampling, streaming, errors."""
+import numpy as np
 import pytest
 
 from edge_slm_node.engine.engine import UnknownSessionError
@@ -116,10 +117,33 @@ def test_concurrent_sessions_batched_equal_alone(make_engine):
         alone[sid] = answer(engine, "alone-" + sid, text)[1].generated_ids
     for sid in prompts:
         engine.create_session(sid)
+    split_before = engine.scheduler.split_steps
     requests = [engine.submit(sid, text, GREEDY) for sid, text in prompts.items()]
     run_to_completion(engine, requests)
     for request in requests:
         assert request.generated_ids == alone[request.session_id]
+    assert engine.scheduler.split_steps > split_before      # 2+1 sequences on two threads
+    assert_pool_consistent(engine)
+
+
+def test_split_decode_failure_ends_both_halves_with_an_error_and_recovers(make_engine):
+    engine = make_engine()
+    for sid in ("a", "b"):
+        engine.create_session(sid)
+    side = engine.side.transformer
+    good_work = side.attention_work
+    side.attention_work = np.zeros((good_work.shape[0], 8), np.float32)     # too small: the kernel refuses
+    requests = [engine.submit(sid, "What is G01?", GREEDY) for sid in ("a", "b")]
+    run_to_completion(engine, requests)
+    for request in requests:
+        assert request.finish_reason is FinishReason.ERROR
+        assert "forward pass failed" in request.error and "work buffer too small" in request.error
+    assert_pool_consistent(engine)
+    side.attention_work = good_work
+    requests = [engine.submit(sid, "What is G01?", GREEDY) for sid in ("a", "b")]
+    run_to_completion(engine, requests)
+    assert all(r.finish_reason in (FinishReason.LENGTH, FinishReason.STOP) for r in requests)
+    assert requests[0].generated_ids == requests[1].generated_ids
     assert_pool_consistent(engine)
 
 

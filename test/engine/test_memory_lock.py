@@ -50,7 +50,7 @@ def test_engine_locks_weights_arena_and_buffers_and_still_answers_the_same(make_
     if not can_lock(400 * 2**20):
         pytest.skip("no CAP_IPC_LOCK and RLIMIT_MEMLOCK below 400 MiB")
     plain, engine = make_engine(), make_engine(lock_memory=True)
-    arrays = engine.transformer.resident_arrays() + [engine.arena.storage]
+    arrays = engine.resident_arrays()
     try:
         stats = engine.stats()
         packed = sum(a.nbytes for layer in engine.model.weights.layers

@@ -1,0 +1,48 @@
+"""A second forward pass on a thread of its own, for half of a decode step's sequences."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..model.transformer import ForwardBatch, Transformer
+from .batch import BatchBuilder
+
+
+class SideForward:
+    """Owns a Transformer (its own activation buffers, the shared weights), a BatchBuilder and one
+    daemon thread. run() starts batch on that thread; wait() returns its logits or re-raises."""
+
+    def __init__(self, transformer: Transformer, batch: BatchBuilder):
+        self.transformer = transformer
+        self.batch = batch
+        self._job = None
+        self._result = None
+        self._error = None
+        self._start = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="edge_slm_side_forward", daemon=True)
+        self._thread.start()
+
+    def run(self, batch: ForwardBatch, kv_arena: np.ndarray) -> None:
+        self._job = (batch, kv_arena)
+        self._done.clear()
+        self._start.set()
+
+    def wait(self) -> np.ndarray:
+        self._done.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._result
+
+    def _loop(self) -> None:
+        while True:
+            self._start.wait()
+            self._start.clear()
+            batch, kv_arena = self._job
+            try:
+                self._result = self.transformer.forward(batch, kv_arena, parallel=False)
+            except Exception as error:            # handed to the engine thread by wait()
+                self._result, self._error = None, error
+            self._done.set()
