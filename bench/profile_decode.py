@@ -1,10 +1,12 @@
 """Where one decoded token's time goes: wraps the transformer's kernels with timers.
 
-    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2]
+    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2] [--split]
 
 Runs the real engine (bundled model, no system prompt) with `--sessions` sessions decoding at
 once and prints milliseconds per decode step by part; "python + scheduler" is the step's wall
-time minus everything timed inside it. Timers add ~1 us per call.
+time minus everything timed inside it. Timers add ~1 us per call. With 2+ sessions the engine
+normally splits decode steps over two threads (engine/scheduler.py); parts would then overlap,
+so the profile runs them as one batch unless --split is given (then parts sum both threads).
 """
 import argparse
 import os
@@ -65,9 +67,12 @@ def main():
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--split", action="store_true", help="keep split decode (part times then overlap)")
     args = parser.parse_args()
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=args.threads,
                                  system_prompt=None))
+    if not args.split:
+        engine.side = None
     params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
     names = [f"s{i}" for i in range(args.sessions)]
     for name in names:
