@@ -50,14 +50,15 @@ class Engine:
                                        max_logits_rows=config.max_running + 1)
         max_blocks = -(-self.max_context // config.block_size)
         self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
-        # Decode-only steps of 2+ sequences split them over two threads, each running a whole
-        # forward on its half with single-threaded kernels: one hand-off per step instead of a
-        # thread-pool wake-up per matmul (scheduler.py, "split decode").
-        self.side = None
-        if config.num_threads >= 2 and config.max_running >= 2 and self.transformer.runs_single_threaded:
-            self.side = SideForward(Transformer(mc, self.model.weights, config.max_running, self.max_context,
-                                                max_logits_rows=config.max_running),
-                                    BatchBuilder(config.max_running, config.max_running, max_blocks))
+        # Decode-only steps of 2+ sequences are split over num_threads threads, each running a
+        # whole forward on its part with single-threaded kernels: one hand-off per step instead of
+        # a thread-pool wake-up per matmul (scheduler.py, "split decode").
+        self.sides: list[SideForward] = []
+        if config.max_running >= 2 and self.transformer.runs_single_threaded:
+            self.sides = [SideForward(Transformer(mc, self.model.weights, config.max_running, self.max_context,
+                                                  max_logits_rows=config.max_running),
+                                      BatchBuilder(config.max_running, config.max_running, max_blocks))
+                          for _ in range(config.num_threads - 1)]
         self.sessions: dict[str, Session] = {}
         self.queue: deque[Request] = deque()
         self.running: list[Request] = []
@@ -79,8 +80,8 @@ class Engine:
 
     def resident_arrays(self) -> list:
         """Weights, KV arena and every activation buffer (what lock_memory pins in RAM)."""
-        side = self.side.transformer.resident_arrays() if self.side is not None else []
-        return self.transformer.resident_arrays() + side + [self.arena.storage]
+        sides = [a for side in self.sides for a in side.transformer.resident_arrays()]
+        return self.transformer.resident_arrays() + sides + [self.arena.storage]
 
     # ---- prompts -------------------------------------------------------------------------
     def render_prefix(self, system_prompt: str) -> list[int]:

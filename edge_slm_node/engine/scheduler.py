@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class Scheduler:
     def __init__(self, engine: "Engine"):
         self.engine = engine
-        self.split_steps = 0                # decode steps run as two half-batches on two threads
+        self.split_steps = 0                # decode steps split over the side threads
 
     # ---- shared prefix ---------------------------------------------------------------------
     def prefill_shared_prefix(self, seq_id, token_ids: list) -> None:
@@ -57,16 +57,16 @@ class Scheduler:
             plan = self._plan_batch()
             if plan is None:
                 return False
-            prefill_request, decoders, split = plan
+            prefill_request, decoders, parts = plan
             batch = e.batch.build()
-            side_batch = e.side.batch.build() if split else None
+            side_batches = [side.batch.build() for side in e.sides[:parts - 1]]
             active = [r.session_id for r in decoders] + ([prefill_request.session_id] if prefill_request else [])
             e._in_forward.update(active)
         started = time.monotonic()
         error = None
         try:
-            if split:
-                logits = self._split_forward(batch, side_batch)
+            if side_batches:
+                logits = self._split_forward(batch, side_batches)
             else:
                 logits = e.transformer.forward(batch, e.arena.data)
         except Exception as exc:          # a kernel failure must not take the node down
@@ -98,8 +98,9 @@ class Scheduler:
         return True
 
     def _plan_batch(self):
-        """Fill e.batch with one token per decoding request plus a prefill chunk (decode-only steps of
-        2+ requests: the later half into e.side.batch) -> (prefill request, decoders, split); None if idle."""
+        """Fill e.batch with one token per decoding request plus a prefill chunk -> (prefill request,
+        decoders, parts); None if idle. A decode-only step of 2+ requests is split into `parts` runs
+        of decoders, the later ones into the side threads' batches (split decode)."""
         e = self.engine
         e.batch.clear()
         decoders = []
@@ -110,12 +111,12 @@ class Scheduler:
                 continue
             decoders.append(request)
         prefill_request = next((r for r in e.running if r.state is RequestState.PREFILL), None)
-        split = e.side is not None and prefill_request is None and len(decoders) >= 2
-        halves = [decoders[:(len(decoders) + 1) // 2], decoders[(len(decoders) + 1) // 2:]] if split else [decoders]
-        if split:
-            e.side.batch.clear()
-        for builder, half in zip((e.batch, e.side.batch if split else None), halves):
-            for request in half:
+        parts = 1 if prefill_request is not None else max(1, min(len(e.sides) + 1, len(decoders)))
+        builders = [e.batch] + [side.batch for side in e.sides[:parts - 1]]
+        for index, builder in enumerate(builders):     # near-equal runs of decoders, in order
+            if index:
+                builder.clear()
+            for request in decoders[index * len(decoders) // parts:(index + 1) * len(decoders) // parts]:
                 position = e.kv.num_tokens(request.session_id)
                 builder.add(e.kv, request.session_id, [request.next_token], position, want_logits=True)
         if prefill_request is not None:
@@ -132,20 +133,30 @@ class Scheduler:
                                                   len(r.prompt_ids)))
         if not decoders and prefill_request is None:
             return None
-        return prefill_request, decoders, split
+        return prefill_request, decoders, parts
 
-    def _split_forward(self, batch, side_batch) -> list:
-        """Split decode: side_batch's forward on the side thread while batch's runs here, both with
-        single-threaded kernels; -> logits rows in decoder order. Results are the same as one
+    def _split_forward(self, batch, side_batches) -> list:
+        """Split decode: each side batch's forward on its side thread while batch's runs here, all
+        with single-threaded kernels; -> logits rows in decoder order. Results are the same as one
         batched forward (every kernel computes a sequence's rows independently of the others)."""
         e = self.engine
         self.split_steps += 1
-        e.side.run(side_batch, e.arena.data)
+        sides = e.sides[:len(side_batches)]
+        for side, side_batch in zip(sides, side_batches):
+            side.run(side_batch, e.arena.data)
+        error, rows = None, []
         try:
-            logits = e.transformer.forward(batch, e.arena.data, parallel=False)
-        finally:
-            side_logits = e.side.wait()
-        return [*logits, *side_logits]
+            rows += [*e.transformer.forward(batch, e.arena.data, parallel=False)]
+        except Exception as exc:
+            error = exc
+        for side in sides:                  # every side thread is idle again before the step ends
+            try:
+                rows += [*side.wait()]
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return rows
 
     def _reserve_decode_slot(self, request: Request) -> bool:
         e = self.engine
