@@ -72,7 +72,7 @@ def main():
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=args.threads,
                                  system_prompt=None))
     if not args.split:
-        engine.sides = []
+        engine.scheduler.split_policy.forced = False
     params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
     names = [f"s{i}" for i in range(args.sessions)]
     for name in names:

@@ -14,6 +14,7 @@ from ..kv.block_pool import NoFreeBlocksError
 from .batch import prompt_token_batched
 from .request import FinishReason, Request, RequestState, TokenEvent
 from .session import common_prefix_length
+from .split_policy import SplitPolicy
 
 PREFIX_SEQ_KEY = ("shared-prefix",)      # block-manager id of the pinned system-prompt sequence
 
@@ -25,6 +26,7 @@ class Scheduler:
     def __init__(self, engine: "Engine"):
         self.engine = engine
         self.split_steps = 0                # decode steps split over the side threads
+        self.split_policy = SplitPolicy()
 
     # ---- shared prefix ---------------------------------------------------------------------
     def prefill_shared_prefix(self, seq_id, token_ids: list) -> None:
@@ -72,6 +74,8 @@ class Scheduler:
         except Exception as exc:          # a kernel failure must not take the node down
             error = f"{type(exc).__name__}: {exc}"
         elapsed = time.monotonic() - started
+        if prefill_request is None and len(decoders) >= 2 and error is None:
+            self.split_policy.record(len(decoders), bool(side_batches), elapsed)
         with e._lock:
             e._in_forward.clear()
             e._forward_done.notify_all()
@@ -111,7 +115,9 @@ class Scheduler:
                 continue
             decoders.append(request)
         prefill_request = next((r for r in e.running if r.state is RequestState.PREFILL), None)
-        parts = 1 if prefill_request is not None else max(1, min(len(e.sides) + 1, len(decoders)))
+        parts = 1
+        if prefill_request is None and e.sides and len(decoders) >= 2 and self.split_policy.choose(len(decoders)):
+            parts = min(len(e.sides) + 1, len(decoders))
         builders = [e.batch] + [side.batch for side in e.sides[:parts - 1]]
         for index, builder in enumerate(builders):     # near-equal runs of decoders, in order
             if index:
