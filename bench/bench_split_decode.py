@@ -4,7 +4,8 @@
 
 Split decode (engine/scheduler.py) runs a decode-only step of 2+ sessions as num_threads parts
 side by side; "one batch" runs it with the kernels on numba's thread pool. The engine normally
-picks per step from measured times (engine/split_policy.py); here each way is forced in turn.
+picks per step from measured times (engine/split_policy.py, the "adaptive" row); here each way is
+also forced in turn.
 Prints the median step ms over the rounds' medians and the 4-session / 1-session ratio.
 """
 import argparse
@@ -46,7 +47,7 @@ def main():
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=2, system_prompt=None))
     for i in range(max(SESSIONS)):
         engine.create_session(f"s{i}")
-    variants = {"split": True, "one batch": False}
+    variants = {"split": True, "one batch": False, "adaptive": None}
     policy = engine.scheduler.split_policy
     results = {(v, n): [] for v in variants for n in SESSIONS}
     for forced in variants.values():                          # warm-up
