@@ -12,9 +12,10 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from common import timed_decode_steps  # noqa: E402
 
 from edge_slm_node.engine.config import EngineConfig  # noqa: E402
 from edge_slm_node.engine.engine import Engine  # noqa: E402
@@ -25,18 +26,7 @@ SESSIONS = (1, 2, 3, 4)
 
 def median_step_ms(engine, sessions: int, tokens: int) -> float:
     params = SamplingParams(max_new_tokens=tokens, ignore_eos=True)
-    names = [f"s{i}" for i in range(sessions)]
-    requests = [engine.submit(n, f"Describe alarm {100 + i} on a CNC mill.", params) for i, n in enumerate(names)]
-    while not all(r.decode_steps for r in requests):          # prompts, untimed
-        engine.step()
-    steps = []
-    while not all(r.done for r in requests):
-        started = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - started)
-    for name in names:
-        engine.reset_session(name)
-    return 1000 * statistics.median(steps)
+    return 1000 * statistics.median(timed_decode_steps(engine, [f"s{i}" for i in range(sessions)], params))
 
 
 def main():

@@ -10,3 +10,24 @@ def long_prompt(tokenizer, tokens: int = PROMPT_TOKENS) -> str:
     """Repeat LONG_TEXT and cut it at `tokens` tokens of this tokenizer."""
     text = LONG_TEXT * (tokens // 20 + 2)
     return tokenizer.decode(tokenizer.encode(text)[:tokens])
+
+
+def timed_decode_steps(engine, names, params, before_timing=None) -> list:
+    """One command per session in `names` (created), prompts run untimed, then every step timed
+    until all answers are done -> seconds per step. before_timing() runs once the prompts are done.
+    The sessions are reset afterwards."""
+    import time
+    requests = [engine.submit(name, f"Describe alarm {100 + i} on a CNC mill.", params)
+                for i, name in enumerate(names)]
+    while not all(r.decode_steps for r in requests):
+        engine.step()
+    if before_timing is not None:
+        before_timing()
+    steps = []
+    while not all(r.done for r in requests):
+        started = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - started)
+    for name in names:
+        engine.reset_session(name)
+    return steps

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from common import timed_decode_steps                       # noqa: E402
 from edge_slm_node.engine.config import EngineConfig        # noqa: E402
 from edge_slm_node.engine.engine import Engine              # noqa: E402
 from edge_slm_node.engine.sampling import SamplingParams, Sampler    # noqa: E402
@@ -77,21 +78,8 @@ def main():
     names = [f"s{i}" for i in range(args.sessions)]
     for name in names:
         engine.create_session(name)
-    for warm in (True, False):
-        requests = [engine.submit(name, f"Describe alarm {100 + i} on a CNC mill.", params)
-                    for i, name in enumerate(names)]
-        while not any(r.decode_steps for r in requests):   # prefill, untimed
-            engine.step()
-        if not warm:
-            instrument()
-            totals.clear()
-        steps = []
-        while not all(r.done for r in requests):
-            started = time.perf_counter()
-            engine.step()
-            steps.append(time.perf_counter() - started)
-        for name in names:
-            engine.reset_session(name)
+    timed_decode_steps(engine, names, params)                          # warm-up
+    steps = timed_decode_steps(engine, names, params, before_timing=lambda: (instrument(), totals.clear()))
     count = len(steps)
     wall = sum(steps)
     print(f"{count} decode steps, {args.sessions} session(s), {args.threads} threads: "
