@@ -96,8 +96,8 @@ class Transformer:
             arrays.append(w.embedding_raw)
         for layer in w.layers:
             arrays += [layer.attn_norm, layer.ffn_norm, layer.q_bias, layer.k_bias, layer.v_bias]
-            for linear in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
-                arrays += linear.kernel_arrays()
+        for linear in w.layer_linears():
+            arrays += linear.kernel_arrays()
         arrays += [self.hidden, self.normed, self.q, self.k, self.v, self.attn, self.proj, self.gate, self.up,
                    self.logits, self.final_normed, self.rope_cos, self.rope_sin, self.attention_work,
                    self.kv_row, self.kv_half_bits]
@@ -119,9 +119,7 @@ class Transformer:
         """forward(parallel=False) keeps to the calling thread (every weight has a serial kernel), so
         two Transformers on the same weights can run side by side on two threads."""
         w = self.weights
-        linears = [w.output] + [getattr(layer, name) for layer in w.layers
-                                for name in ("q", "k", "v", "o", "gate", "up", "down")]
-        return all(linear.packed is not None for linear in linears)
+        return all(linear.packed is not None for linear in [w.output, *w.layer_linears()])
 
     def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,

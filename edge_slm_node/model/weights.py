@@ -36,16 +36,18 @@ class ModelWeights:
     output: QuantizedLinear        # (vocab, hidden); token_embd when tied
     layers: list
 
+    def layer_linears(self) -> list:
+        """Every layer's weight matrices (q, k, v, o, gate, up, down of each layer, in order)."""
+        return [linear for layer in self.layers
+                for linear in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)]
+
     @property
     def num_bytes(self) -> int:
         total = self.embedding_raw.nbytes + self.output_norm.nbytes
         if self.output.raw is not self.embedding_raw:
             total += self.output.raw.nbytes
-        for layer in self.layers:
-            for linear in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
-                total += linear.raw.nbytes
-            total += layer.attn_norm.nbytes + layer.ffn_norm.nbytes
-        return total
+        total += sum(linear.raw.nbytes for linear in self.layer_linears())
+        return total + sum(layer.attn_norm.nbytes + layer.ffn_norm.nbytes for layer in self.layers)
 
 
 def _tensor(gguf: GGUFFile, name: str, expected_shape: tuple[int, ...]):

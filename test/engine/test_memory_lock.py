@@ -53,9 +53,7 @@ def test_engine_locks_weights_arena_and_buffers_and_still_answers_the_same(make_
     arrays = engine.resident_arrays()
     try:
         stats = engine.stats()
-        packed = sum(a.nbytes for layer in engine.model.weights.layers
-                     for linear in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
-                     for a in linear.kernel_arrays())
+        packed = sum(a.nbytes for linear in engine.model.weights.layer_linears() for a in linear.kernel_arrays())
         assert stats.locked_bytes >= packed + stats.arena_bytes
         assert locked_bytes_of_process() >= stats.locked_bytes
         assert plain.stats().locked_bytes == 0
