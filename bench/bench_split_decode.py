@@ -1,16 +1,19 @@
-"""Decode step time with 1-4 sessions, split decode on and off, interleaved in one process.
+"""Decode step time with 1-4 sessions for each way of running a decode step, interleaved in one process.
 
-    .venv/bin/python bench/bench_split_decode.py [--rounds 6] [--tokens 48]
+    .venv/bin/python bench/bench_split_decode.py [--rounds 6] [--tokens 48] [--busy]
 
-Split decode (engine/scheduler.py) runs a decode-only step of 2+ sessions as num_threads parts
-side by side; "one batch" runs it with the kernels on numba's thread pool. The engine normally
-picks per step from measured times (engine/split_policy.py, the "adaptive" row); here each way is
-also forced in turn.
-Prints the median step ms over the rounds' medians and the 4-session / 1-session ratio.
+Ways (engine/decode_policy.py): "split" runs 2+ sessions as num_threads parts side by side, each
+part's layers in one kernel call; "one thread" runs them all on the engine thread, layers in one
+call; "thread pool" is the Python layer loop with big kernels on numba's pool. The engine
+normally picks per step from measured times (the "adaptive" row); here each way is also forced
+in turn (split with 1 session falls back to one thread). --busy keeps one other process spinning
+on a core meanwhile.
+Prints the median step ms over the rounds' medians and the 4-session / best 1-session ratio.
 """
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -18,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from common import timed_decode_steps  # noqa: E402
 
 from edge_slm_node.engine.config import EngineConfig  # noqa: E402
+from edge_slm_node.engine.decode_policy import DecodeWay  # noqa: E402
 from edge_slm_node.engine.engine import Engine  # noqa: E402
 from edge_slm_node.engine.sampling import SamplingParams  # noqa: E402
 
@@ -33,12 +37,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--busy", action="store_true", help="one other process spinning on a core")
     args = parser.parse_args()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=2, system_prompt=None))
     for i in range(max(SESSIONS)):
         engine.create_session(f"s{i}")
-    variants = {"split": True, "one batch": False, "adaptive": None}
-    policy = engine.scheduler.split_policy
+    variants = {"split": DecodeWay.SPLIT, "one thread": DecodeWay.ONE_THREAD, "thread pool": DecodeWay.POOL,
+                "adaptive": None}
+    policy = engine.scheduler.decode_policy
     results = {(v, n): [] for v in variants for n in SESSIONS}
     for forced in variants.values():                          # warm-up
         policy.forced = forced
@@ -48,11 +55,15 @@ def main():
             policy.forced = forced
             for n in SESSIONS:
                 results[(name, n)].append(median_step_ms(engine, n, args.tokens))
-    print(f"median ms per decode step, {args.rounds} interleaved rounds of {args.tokens} tokens")
+    if busy is not None:
+        busy.kill()
+    print(f"median ms per decode step, {args.rounds} interleaved rounds of {args.tokens} tokens"
+          + (", one other process busy" if busy else ""))
+    best_single = min(statistics.median(results[(name, 1)]) for name in variants)
     for name in variants:
         medians = {n: statistics.median(results[(name, n)]) for n in SESSIONS}
-        print(f"{name:10s}" + "".join(f"  {n} session(s) {medians[n]:6.2f}" for n in SESSIONS)
-              + f"   4 / 1: {medians[4] / medians[1]:.2f}x")
+        print(f"{name:12s}" + "".join(f"  {n} session(s) {medians[n]:6.2f}" for n in SESSIONS)
+              + f"   4 / best 1: {medians[4] / best_single:.2f}x")
 
 
 if __name__ == "__main__":

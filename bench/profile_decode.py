@@ -1,12 +1,13 @@
 """Where one decoded token's time goes: wraps the transformer's kernels with timers.
 
-    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2] [--split]
+    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2] [--way pool]
 
 Runs the real engine (bundled model, no system prompt) with `--sessions` sessions decoding at
 once and prints milliseconds per decode step by part; "python + scheduler" is the step's wall
-time minus everything timed inside it. Timers add ~1 us per call. With 2+ sessions the engine
-normally splits decode steps over two threads (engine/scheduler.py); parts would then overlap,
-so the profile runs them as one batch unless --split is given (then parts sum both threads).
+time minus everything timed inside it. Timers add ~1 us per call. Only the Python layer loop
+can be timed kernel by kernel, so by default every step runs that way on the thread pool
+(--way pool); --way "one thread" / split time what the engine normally runs (layers in one
+kernel call: "layers" is then one entry; with split the parts overlap and sum both threads).
 """
 import argparse
 import os
@@ -19,9 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from common import timed_decode_steps                       # noqa: E402
 from edge_slm_node.engine.config import EngineConfig        # noqa: E402
+from edge_slm_node.engine.decode_policy import DecodeWay    # noqa: E402
 from edge_slm_node.engine.engine import Engine              # noqa: E402
 from edge_slm_node.engine.sampling import SamplingParams, Sampler    # noqa: E402
-from edge_slm_node.model import linear, transformer         # noqa: E402
+from edge_slm_node.model import linear, serial_layers, transformer    # noqa: E402
 
 totals = defaultdict(float)
 
@@ -56,6 +58,7 @@ def instrument():
     transformer.ops = TimedOps(transformer.ops)
     transformer.paged_attention = timed(lambda *_: "attention", transformer.paged_attention)
     transformer.write_kv = timed(lambda *_: "kv write", transformer.write_kv)
+    serial_layers.SerialLayers.run = timed(lambda *_: "layers (one kernel call)", serial_layers.SerialLayers.run)
     transformer.Transformer.embed = timed(lambda *_: "embedding", transformer.Transformer.embed)
     linear.PreparedInput.prepare = timed(lambda *_: "activation quantize", linear.PreparedInput.prepare)
     linear.QuantizedLinear.apply = timed(linear_label, linear.QuantizedLinear.apply)
@@ -68,12 +71,11 @@ def main():
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--split", action="store_true", help="keep split decode (part times then overlap)")
+    parser.add_argument("--way", default=DecodeWay.POOL.value, choices=[w.value for w in DecodeWay])
     args = parser.parse_args()
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=args.threads,
                                  system_prompt=None))
-    if not args.split:
-        engine.scheduler.split_policy.forced = False
+    engine.scheduler.decode_policy.forced = DecodeWay(args.way)
     params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
     names = [f"s{i}" for i in range(args.sessions)]
     for name in names:

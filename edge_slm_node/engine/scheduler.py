@@ -14,7 +14,7 @@ from ..kv.block_pool import NoFreeBlocksError
 from .batch import prompt_token_batched
 from .request import FinishReason, Request, RequestState, TokenEvent
 from .session import common_prefix_length
-from .split_policy import SplitPolicy
+from .decode_policy import DecodePolicy, DecodeWay
 
 PREFIX_SEQ_KEY = ("shared-prefix",)      # block-manager id of the pinned system-prompt sequence
 
@@ -26,7 +26,7 @@ class Scheduler:
     def __init__(self, engine: "Engine"):
         self.engine = engine
         self.split_steps = 0                # decode steps split over the side threads
-        self.split_policy = SplitPolicy()
+        self.decode_policy = DecodePolicy()
 
     # ---- shared prefix ---------------------------------------------------------------------
     def prefill_shared_prefix(self, seq_id, token_ids: list) -> None:
@@ -59,7 +59,7 @@ class Scheduler:
             plan = self._plan_batch()
             if plan is None:
                 return False
-            prefill_request, decoders, parts = plan
+            prefill_request, decoders, way, parts = plan
             batch = e.batch.build()
             side_batches = [side.batch.build() for side in e.sides[:parts - 1]]
             active = [r.session_id for r in decoders] + ([prefill_request.session_id] if prefill_request else [])
@@ -70,12 +70,12 @@ class Scheduler:
             if side_batches:
                 logits = self._split_forward(batch, side_batches)
             else:
-                logits = e.transformer.forward(batch, e.arena.data)
+                logits = e.transformer.forward(batch, e.arena.data, parallel=way is not DecodeWay.ONE_THREAD)
         except Exception as exc:          # a kernel failure must not take the node down
             error = f"{type(exc).__name__}: {exc}"
         elapsed = time.monotonic() - started
-        if prefill_request is None and len(decoders) >= 2 and error is None:
-            self.split_policy.record(len(decoders), bool(side_batches), elapsed)
+        if way is not None and error is None:
+            self.decode_policy.record(len(decoders), way, elapsed)
         with e._lock:
             e._in_forward.clear()
             e._forward_done.notify_all()
@@ -103,8 +103,9 @@ class Scheduler:
 
     def _plan_batch(self):
         """Fill e.batch with one token per decoding request plus a prefill chunk -> (prefill request,
-        decoders, parts); None if idle. A decode-only step of 2+ requests is split into `parts` runs
-        of decoders, the later ones into the side threads' batches (split decode)."""
+        decoders, way, parts); None if idle. A decode-only step runs the decode policy's way (None
+        for steps with a prompt chunk: those use the thread pool); split into `parts` runs of
+        decoders, the later ones into the side threads' batches."""
         e = self.engine
         e.batch.clear()
         decoders = []
@@ -115,9 +116,11 @@ class Scheduler:
                 continue
             decoders.append(request)
         prefill_request = next((r for r in e.running if r.state is RequestState.PREFILL), None)
-        parts = 1
-        if prefill_request is None and e.sides and len(decoders) >= 2 and self.split_policy.choose(len(decoders)):
-            parts = min(len(e.sides) + 1, len(decoders))
+        way, parts = None, 1
+        if prefill_request is None and decoders:
+            way = self.decode_policy.choose(len(decoders), can_split=bool(e.sides))
+            if way is DecodeWay.SPLIT:
+                parts = min(len(e.sides) + 1, len(decoders))
         builders = [e.batch] + [side.batch for side in e.sides[:parts - 1]]
         for index, builder in enumerate(builders):     # near-equal runs of decoders, in order
             if index:
@@ -139,7 +142,7 @@ class Scheduler:
                                                   len(r.prompt_ids)))
         if not decoders and prefill_request is None:
             return None
-        return prefill_request, decoders, parts
+        return prefill_request, decoders, way, parts
 
     def _split_forward(self, batch, side_batches) -> list:
         """Split decode: each side batch's forward on its side thread while batch's runs here, all

@@ -541,6 +541,12 @@ def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: in
     return work
 
 
+def check_work(work: np.ndarray, num_heads: int, kv_heads: int, head_dim: int, context: int) -> None:
+    """ValueError unless work (from attention_work) is big enough for contexts up to `context`."""
+    if work.shape[1] < _work_size(num_heads // kv_heads, head_dim, context):
+        raise ValueError(f"attention work buffer too small for a context of {context}")
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out,
                     work=None, parallel=None):
     """q (T, heads, head_dim) f32; token t attends to positions [0, token_context[t]) of sequence
@@ -555,8 +561,8 @@ def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context,
     context = int(token_context[0]) if num_tokens == 1 else int(token_context.max())
     if work is None:
         work = attention_work(num_heads, k_cache.shape[2], head_dim, context)
-    elif work.shape[1] < _work_size(num_heads // k_cache.shape[2], head_dim, context):
-        raise ValueError(f"attention work buffer too small for a context of {context}")
+    else:
+        check_work(work, num_heads, k_cache.shape[2], head_dim, context)
     if parallel is None:
         parallel = _MULTI_THREADED and num_tokens * num_heads * head_dim * 2 * context >= PARALLEL_MIN_MACS
     kernel = paged_attention_parallel if parallel else paged_attention_serial

@@ -54,6 +54,16 @@ class PreparedInput:
         """Every buffer allocated so far."""
         return [b for b in (self._xq, self._xd, self._xs, self._xq16, self._sums, self._half) if b is not None]
 
+    def quantized_buffers(self, int16: bool, sums: bool) -> tuple:
+        """(xq, xd, xs, xq16, sums) whole buffers, for kernels that quantize x themselves
+        (kernels/decoder_layers.py); xq16 / sums are empty (0, 0) arrays unless asked for."""
+        if int16 and self._xq16 is None:
+            self._xq16 = resident_zeros(self._xq.shape, np.int16)
+        if sums and self._sums is None:
+            self._sums = resident_zeros(self._xd.shape, np.int32)
+        return (self._xq, self._xd, self._xs,
+                self._xq16 if int16 else np.zeros((0, 0), np.int16), self._sums if sums else np.zeros((0, 0), np.int32))
+
     def prepare(self, x: np.ndarray) -> "PreparedInput":
         num_tokens = x.shape[0]
         self.x = x
@@ -130,7 +140,7 @@ class QuantizedLinear:
         if quant in PACKED_TYPES:
             self.packed, self.tail = repack(raw, quant)
             release_file_pages(raw)
-        self._part_ends = np.array([0 if self.packed is None else self.packed.shape[0]], np.int64)
+        self.part_ends = np.array([0 if self.packed is None else self.packed.shape[0]], np.int64)
 
     @property
     def nbytes(self) -> int:
@@ -154,7 +164,7 @@ class QuantizedLinear:
         _check_out(out, prepared, self.out_features, self.name)
         quant = self.quant
         if quant in PACKED_TYPES:
-            _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self._part_ends, self.in_features,
+            _packed_kernel(quant, self.packed, self.tail, prepared, (out,), self.part_ends, self.in_features,
                            parallel)
         elif quant is F16:
             matmul_rows.matmul_f16(self.raw, prepared.x_half, HALF_TO_FLOAT, out)
@@ -189,7 +199,7 @@ class FusedLinear:
             starts = ends - [p.packed.shape[0] for p in self.parts]
             for part, start, end in zip(self.parts, starts, ends):
                 part.packed = self.packed[start:end]
-            self._part_ends = ends.astype(np.int64)
+            self.part_ends = ends.astype(np.int64)
 
     @property
     def needs_q8(self) -> bool:
@@ -210,7 +220,7 @@ class FusedLinear:
             raise ValueError(f"fused {[p.name for p in self.parts]} needs {len(self.parts)} outputs, got {len(outs)}")
         for part, out in zip(self.parts, outs):
             _check_out(out, prepared, part.out_features, part.name)
-        _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self._part_ends, self.in_features, parallel)
+        _packed_kernel(self.quant, self.packed, self.tail, prepared, outs, self.part_ends, self.in_features, parallel)
 
 
 def _adjacent_rows(arrays):

@@ -14,6 +14,7 @@ from .buffers import resident_zeros
 from .config import ModelConfig
 from .linear import FusedLinear, PreparedInput
 from .quant import Q8_0, dequantize
+from .serial_layers import SerialLayers
 from .weights import ModelWeights
 
 
@@ -87,6 +88,7 @@ class Transformer:
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
         self.embedding_from_head = (weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
                                     and weights.output.packed is not None)
+        self.serial_layers = SerialLayers.build(self)
 
     def resident_arrays(self) -> list:
         """Every array a forward pass reads or writes: weights and buffers (to lock them in RAM)."""
@@ -141,6 +143,23 @@ class Transformer:
         if batched is None:
             batched = batched_tokens(batch.token_seq, batch.block_tables.shape[0])
         self.embed(batch.token_ids, hidden)
+        activations = (hidden, normed, q, k, v, attn, proj, gate, up, heads_q, heads_k, heads_v, heads_out)
+        if not parallel and self.serial_layers is not None:
+            self.serial_layers.run(batch, batched, kv_arena, activations)
+        else:
+            self._layers(batch, batched, kv_arena, activations, parallel)
+        rows = batch.logits_rows.shape[0]
+        final = self.final_normed[:rows]
+        ops.rms_norm(hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
+        logits = self.logits[:rows]
+        self.weights.output.apply(self.output_input.prepare(final), logits, parallel)
+        return logits
+
+    def _layers(self, batch: ForwardBatch, batched: np.ndarray, kv_arena: np.ndarray, activations: tuple,
+                parallel: bool) -> None:
+        """The layer loop from Python, one kernel call at a time (SerialLayers runs it as one call)."""
+        c = self.config
+        hidden, normed, q, k, v, attn, proj, gate, up, heads_q, heads_k, heads_v, heads_out = activations
         for index, layer in enumerate(self.weights.layers):
             ops.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps, normed)
             prepared = self.normed_input.prepare(normed)
@@ -163,9 +182,3 @@ class Transformer:
             ops.silu_mul(gate, up, gate)
             layer.down.apply(self.ffn_input.prepare(gate), proj, parallel)
             ops.add_in_place(hidden, proj)
-        rows = batch.logits_rows.shape[0]
-        final = self.final_normed[:rows]
-        ops.rms_norm(hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
-        logits = self.logits[:rows]
-        self.weights.output.apply(self.output_input.prepare(final), logits, parallel)
-        return logits

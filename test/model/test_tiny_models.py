@@ -13,7 +13,7 @@ from tiny_models import reference_logits, write_tiny_model
 BLOCK = 4
 
 
-def run_paged(model, token_ids, chunks):
+def run_paged(model, token_ids, chunks, parallel=True):
     """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token."""
     config = model.config
     arena = KVArena(config, num_blocks=32, block_size=BLOCK)
@@ -25,7 +25,7 @@ def run_paged(model, token_ids, chunks):
         pos = np.arange(start, start + size, dtype=np.int32)
         slots = (table[0, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
         batch = ForwardBatch(ids, pos, np.zeros(size, np.int32), pos + 1, slots, table, np.arange(size, dtype=np.int32))
-        logits.append(transformer.forward(batch, arena.data).copy())
+        logits.append(transformer.forward(batch, arena.data, parallel=parallel).copy())
         start += size
     return np.concatenate(logits)
 
@@ -52,6 +52,32 @@ def test_chunked_prefill_equals_one_pass(tmp_path):
     whole = run_paged(model, tokens, [13])
     pieces = run_paged(model, tokens, [5, 1, 4, 3])       # chunk edges inside and across blocks
     np.testing.assert_array_equal(whole, pieces)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("weight_quant", [q.Q4_1, q.Q4_0, q.Q8_0, q.F16])
+def test_single_threaded_layers_equal_the_python_layer_loop(tmp_path, arch, weight_quant):
+    """forward(parallel=False) runs all layers in one kernel (SerialLayers) for packed weights:
+    bit-equal to the layer loop, for prompt chunks and one-token steps, with and without biases."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, weight_quant, tied=arch == "llama")
+    model = load_model(str(path))
+    transformer = Transformer(model.config, model.weights, max_batch_tokens=8, max_context=16, max_logits_rows=8)
+    assert (transformer.serial_layers is not None) == (weight_quant is not q.F16)
+    tokens = list(np.random.default_rng(3).integers(0, model.config.vocab_size, 13))
+    chunks = [6, 1, 4, 1, 1]
+    np.testing.assert_array_equal(run_paged(model, tokens, chunks, parallel=False),
+                                  run_paged(model, tokens, chunks, parallel=True))
+
+
+def test_single_threaded_layers_check_the_context(tmp_path):
+    model = load_model(str(write_tiny_model(tmp_path / "tiny.gguf")))
+    transformer = Transformer(model.config, model.weights, max_batch_tokens=4, max_context=8, max_logits_rows=4)
+    arena = KVArena(model.config, num_blocks=4, block_size=BLOCK)
+    table = np.arange(4, dtype=np.int32)[None, :]
+    batch = ForwardBatch(np.array([1], np.int32), np.array([8], np.int32), np.zeros(1, np.int32),
+                         np.array([9], np.int32), np.array([8], np.int32), table, np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match="context 9 > max_context 8"):
+        transformer.forward(batch, arena.data, parallel=False)
 
 
 def test_unsupported_architecture_and_truncation_are_clear_errors(tmp_path):
