@@ -59,11 +59,10 @@ class Scheduler:
             plan = self._plan_batch()
             if plan is None:
                 return False
-            prefill_request, decoders, way, parts = plan
+            prefills, decoders, way, parts = plan
             batch = e.batch.build()
             side_batches = [side.batch.build() for side in e.sides[:parts - 1]]
-            active = [r.session_id for r in decoders] + ([prefill_request.session_id] if prefill_request else [])
-            e._in_forward.update(active)
+            e._in_forward.update(r.session_id for r in decoders + prefills)
         started = time.monotonic()
         error = None
         try:
@@ -80,7 +79,7 @@ class Scheduler:
             e._in_forward.clear()
             e._forward_done.notify_all()
             if error is not None:
-                for request in decoders + ([prefill_request] if prefill_request else []):
+                for request in decoders + prefills:
                     self.finish(request, FinishReason.ERROR, f"forward pass failed: {error}")
                 return True
             row = 0
@@ -90,8 +89,7 @@ class Scheduler:
                 e.kv.commit(request.session_id, [request.next_token])
                 self._accept_token(request, logits[row])
                 row += 1
-            if prefill_request is not None:
-                r = prefill_request
+            for r in prefills:
                 chunk = r.prompt_ids[r.prefill_done:r.prefill_done + r.prefill_chunk]
                 e.kv.commit(r.session_id, chunk)
                 r.prefill_done += len(chunk)
@@ -99,13 +97,15 @@ class Scheduler:
                 if r.prefill_done == len(r.prompt_ids):
                     r.state = RequestState.DECODE
                     self._accept_token(r, logits[row])
+                    row += 1
         return True
 
     def _plan_batch(self):
-        """Fill e.batch with one token per decoding request plus a prefill chunk -> (prefill request,
-        decoders, way, parts); None if idle. A decode-only step runs the decode policy's way (None
-        for steps with a prompt chunk: those use the thread pool); split into `parts` runs of
-        decoders, the later ones into the side threads' batches."""
+        """Fill e.batch with one token per decoding request, then prompt chunks of prefilling
+        requests (oldest first) while max_batch_tokens allows -> (prefill requests, decoders, way,
+        parts); None if idle. A decode-only step runs the decode policy's way (None for steps with
+        prompt chunks: those use the thread pool); split into `parts` runs of decoders, the later
+        ones into the side threads' batches."""
         e = self.engine
         e.batch.clear()
         decoders = []
@@ -115,9 +115,9 @@ class Scheduler:
             if not self._reserve_decode_slot(request):
                 continue
             decoders.append(request)
-        prefill_request = next((r for r in e.running if r.state is RequestState.PREFILL), None)
+        prefills = [r for r in e.running if r.state is RequestState.PREFILL]
         way, parts = None, 1
-        if prefill_request is None and decoders:
+        if not prefills and decoders:
             way = self.decode_policy.choose(len(decoders), can_split=bool(e.sides))
             if way is DecodeWay.SPLIT:
                 parts = min(len(e.sides) + 1, len(decoders))
@@ -128,21 +128,21 @@ class Scheduler:
             for request in decoders[index * len(decoders) // parts:(index + 1) * len(decoders) // parts]:
                 position = e.kv.num_tokens(request.session_id)
                 builder.add(e.kv, request.session_id, [request.next_token], position, want_logits=True)
-        if prefill_request is not None:
-            r = prefill_request
+        chunked = []
+        for r in prefills:
             room = e.config.max_batch_tokens - e.batch.num_tokens
             if room <= 0:
-                prefill_request = None
-            else:
-                r.prefill_chunk = min(room, len(r.prompt_ids) - r.prefill_done)
-                last = r.prefill_done + r.prefill_chunk == len(r.prompt_ids)
-                e.batch.add(e.kv, r.session_id, r.prompt_ids[r.prefill_done:r.prefill_done + r.prefill_chunk],
-                            r.prefill_done, want_logits=last,
-                            batched=_prompt_order(r.prefill_done, r.prefill_chunk, r.cached_prompt_tokens,
-                                                  len(r.prompt_ids)))
-        if not decoders and prefill_request is None:
+                break
+            r.prefill_chunk = min(room, len(r.prompt_ids) - r.prefill_done)
+            last = r.prefill_done + r.prefill_chunk == len(r.prompt_ids)
+            e.batch.add(e.kv, r.session_id, r.prompt_ids[r.prefill_done:r.prefill_done + r.prefill_chunk],
+                        r.prefill_done, want_logits=last,
+                        batched=_prompt_order(r.prefill_done, r.prefill_chunk, r.cached_prompt_tokens,
+                                              len(r.prompt_ids)))
+            chunked.append(r)
+        if not decoders and not chunked:
             return None
-        return prefill_request, decoders, way, parts
+        return chunked, decoders, way, parts
 
     def _split_forward(self, batch, side_batches) -> list:
         """Split decode: each side batch's forward on its side thread while batch's runs here, all

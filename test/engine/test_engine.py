@@ -120,10 +120,33 @@ def test_concurrent_sessions_batched_equal_alone(make_engine, threads):
         engine.create_session(sid)
     split_before = engine.scheduler.split_steps
     requests = [engine.submit(sid, text, GREEDY) for sid, text in prompts.items()]
+    engine.step()                           # the three new prompt parts fit one forward step
+    assert all(r.first_token_at is not None for r in requests)
     run_to_completion(engine, requests)
     for request in requests:
         assert request.generated_ids == alone[request.session_id]
     assert engine.scheduler.split_steps > split_before      # 3 sequences over 2 or 3 threads
+    assert_pool_consistent(engine)
+
+
+def test_prompts_sharing_small_forward_steps_answer_as_alone(make_engine):
+    """With max_batch_tokens 24, three new prompts (15-20 new tokens each) are cut into chunks that share steps with
+    each other and with decoding sessions; every answer is still the one it gets alone."""
+    engine = make_engine(max_batch_tokens=24)
+    prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm after the tool change?", "c": "Shut off valve three."}
+    alone = {}
+    for sid, text in prompts.items():
+        engine.create_session("alone-" + sid)
+        alone[sid] = answer(engine, "alone-" + sid, text)[1].generated_ids
+    for sid in prompts:
+        engine.create_session(sid)
+    requests = [engine.submit(sid, text, GREEDY) for sid, text in prompts.items()]
+    engine.step()
+    progress = [r.prefill_done - r.cached_prompt_tokens for r in requests]
+    assert sum(progress) == 24 and progress[0] > 0 and progress[1] > 0      # two prompts in one step
+    run_to_completion(engine, requests)
+    for request in requests:
+        assert request.generated_ids == alone[request.session_id]
     assert_pool_consistent(engine)
 
 
