@@ -39,7 +39,8 @@ class UnknownSessionError(KeyError):
 class Engine:
     def __init__(self, config: EngineConfig, model: Optional[LoadedModel] = None):
         self.config = config.validate()
-        numba.set_num_threads(min(config.num_threads, numba.config.NUMBA_NUM_THREADS))
+        self.pool_threads = min(config.num_threads, numba.config.NUMBA_NUM_THREADS)
+        numba.set_num_threads(self.pool_threads)
         self.model = model or load_model(config.model_path)
         mc = self.model.config
         self.tokenizer = self.model.tokenizer

@@ -118,7 +118,7 @@ class Scheduler:
         prefills = [r for r in e.running if r.state is RequestState.PREFILL]
         way, parts = None, 1
         if not prefills and decoders:
-            way = self.decode_policy.choose(len(decoders), can_split=bool(e.sides))
+            way = self.decode_policy.choose(len(decoders), can_split=bool(e.sides), has_pool=e.pool_threads > 1)
             if way is DecodeWay.SPLIT:
                 parts = min(len(e.sides) + 1, len(decoders))
         builders = [e.batch] + [side.batch for side in e.sides[:parts - 1]]

@@ -1,49 +1,74 @@
-"""DecodePolicy: measure every way, then the fastest by median, re-measuring the others ever more rarely."""
+"""DecodePolicy: measure the candidate ways, run the fastest by median, re-measure the others ever more rarely."""
 from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeWay
 
 SPLIT, ONE, POOL = DecodeWay.SPLIT, DecodeWay.ONE_THREAD, DecodeWay.POOL
 
 
-def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True):
+def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True, has_pool=True):
     """seconds: way -> step time; -> the ways chosen."""
     choices = []
     for step in range(steps):
-        way = policy.choose(sequences, can_split)
+        way = policy.choose(sequences, can_split, has_pool)
         policy.record(sequences, way, seconds[way] * (10 if step == outlier_at else 1))
         choices.append(way)
     return choices
 
 
-def test_measures_every_way_then_keeps_the_fastest_and_explores_ever_more_rarely():
-    policy = DecodePolicy(warmup=3, explore_every=8, max_explore_every=32)
-    choices = run(policy, 4, {SPLIT: 0.020, ONE: 0.026, POOL: 0.030}, 200, outlier_at=0)  # first split step slow
-    assert choices[:9] == [SPLIT, ONE, POOL] * 3
-    explored = [i for i, way in enumerate(choices) if way is not SPLIT and i >= 9]
-    starts = [i for i in explored if i - 1 not in explored]
-    assert [choices[i] for i in starts[:4]] == [ONE, POOL, ONE, POOL]          # the least recently explored
-    assert all(choices[i:i + 3] == [choices[i]] * 3 for i in starts)           # 3 steps in a row each
+def trial_starts(choices, best):
+    return [i for i, way in enumerate(choices) if way is not best and (i == 0 or choices[i - 1] is not way)]
+
+
+def test_candidates():
+    assert DecodePolicy.ways(4, can_split=True, has_pool=True) == (SPLIT, ONE)
+    assert DecodePolicy.ways(1, can_split=True, has_pool=True) == (ONE, POOL)
+    assert DecodePolicy.ways(4, can_split=False, has_pool=True) == (ONE, POOL)     # unpacked weights
+    assert DecodePolicy.ways(4, can_split=False, has_pool=False) == (ONE,)         # num_threads 1
+
+
+def test_close_ways_get_full_trials_then_the_fastest_runs_and_trials_grow_rarer():
+    policy = DecodePolicy(trials=3, explore_every=8, max_explore_every=32)
+    choices = run(policy, 4, {SPLIT: 0.020, ONE: 0.023}, 200)
+    assert choices[:8] == [SPLIT, ONE] + [SPLIT] * 3 + [ONE] * 3       # one each, then a trial of each
+    later = choices[8:]
+    starts = trial_starts(later, SPLIT)
+    assert all(later[i:i + 3] == [ONE] * 3 for i in starts)             # 1.15x slower: whole trials
     gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert starts[0] == 9 + 7                                # the 8th step after the warm-up
-    assert gaps[0] == 2 + 16 and set(gaps[1:]) == {2 + 32}   # interval doubled, then at its cap
+    assert starts[0] == 7 and gaps[0] == 2 + 16 and set(gaps[1:]) == {2 + 32}   # doubling up to the cap
     assert policy.estimate(4, SPLIT) == 0.020
 
 
+def test_a_clearly_slower_way_costs_one_step_per_trial():
+    policy = DecodePolicy(trials=3, explore_every=8)
+    choices = run(policy, 4, {SPLIT: 0.016, ONE: 0.025}, 100)
+    assert choices[:5] == [SPLIT, ONE, SPLIT, SPLIT, SPLIT]          # ONE is not given a trial
+    assert choices.count(ONE) == 1 + len(trial_starts(choices[5:], SPLIT))
+    assert all(choices[i + 1] is SPLIT for i, way in enumerate(choices[:-1]) if way is ONE)
+
+
+def test_a_slow_first_step_does_not_decide():
+    policy = DecodePolicy(trials=3, explore_every=8)
+    choices = run(policy, 4, {SPLIT: 0.016, ONE: 0.025}, 48, outlier_at=0)   # split's first step 10x slow
+    assert choices[1:5] == [ONE] * 4                # meanwhile one thread looks best...
+    assert choices[-24:].count(SPLIT) >= 22         # ...until split's first trial: then only 1-step trials of ONE
+
+
 def test_follows_a_change_of_load_and_keeps_sizes_apart():
-    policy = DecodePolicy(window=3, warmup=1, explore_every=4)
-    run(policy, 4, {SPLIT: 0.020, ONE: 0.026, POOL: 0.030}, 12)
-    assert run(policy, 1, {ONE: 0.013, POOL: 0.015}, 12, can_split=True)[2:].count(ONE) >= 8
-    later = run(policy, 4, {SPLIT: 0.040, ONE: 0.027, POOL: 0.030}, 40)       # another process now busy
+    policy = DecodePolicy(window=3, trials=2, explore_every=8)
+    run(policy, 4, {SPLIT: 0.020, ONE: 0.026}, 12)
+    assert run(policy, 1, {ONE: 0.013, POOL: 0.015}, 16)[6:].count(ONE) >= 8
+    later = run(policy, 4, {SPLIT: 0.040, ONE: 0.027}, 40)                   # another process now busy
     assert later[-20:].count(ONE) >= 17
     assert policy.estimate(4, ONE) < policy.estimate(4, SPLIT)
-    assert policy.estimate(1, SPLIT) is None                                    # one sequence never splits
+    assert policy.estimate(1, SPLIT) is None                                 # one sequence never splits
 
 
-def test_forced_way_is_not_counted_and_falls_back_where_it_cannot_apply():
+def test_forced_way_and_single_candidates_skip_the_measuring():
     policy = DecodePolicy()
     policy.forced = POOL
-    assert run(policy, 3, {SPLIT: 0.01, ONE: 0.02, POOL: 0.03}, 5) == [POOL] * 5
+    assert run(policy, 1, {ONE: 0.01, POOL: 0.03}, 5) == [POOL] * 5
+    assert policy.choose(3, can_split=True, has_pool=True) is POOL               # also where it is no candidate
     policy.forced = SPLIT
-    assert policy.choose(1, can_split=True) is ONE
-    assert policy.choose(3, can_split=False) is ONE
+    assert policy.choose(1, can_split=True, has_pool=True) is ONE                # one sequence cannot split
     policy.forced = None
-    assert policy.choose(3, can_split=True) is SPLIT                            # warm-up starts from step 1
+    assert policy.choose(3, can_split=True, has_pool=True) is SPLIT
+    assert run(policy, 2, {ONE: 0.01}, 3, can_split=False, has_pool=False) == [ONE] * 3
