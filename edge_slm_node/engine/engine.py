@@ -76,6 +76,7 @@ class Engine:
                 raise ConfigError(f"system prompt is {len(self.prefix_ids)} tokens; max_context_tokens="
                                   f"{self.max_context} leaves no room for a conversation")
             self.scheduler.prefill_shared_prefix(PREFIX_SEQ_KEY, self.prefix_ids)
+        self.scheduler.warm_up_decode()
         # after the prefix prefill: every buffer a step uses exists now
         self.locked_bytes = lock_arrays(self.resident_arrays()) if config.lock_memory else 0
 

@@ -17,6 +17,7 @@ from .session import common_prefix_length
 from .decode_policy import DecodePolicy, DecodeWay
 
 PREFIX_SEQ_KEY = ("shared-prefix",)      # block-manager id of the pinned system-prompt sequence
+WARM_UP_SEQ_KEY = ("warm-up",)           # a throwaway one-token sequence run at start-up
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -49,6 +50,27 @@ class Scheduler:
             e.kv.commit(seq_id, chunk)
             start += len(chunk)
         return logits
+
+    def warm_up_decode(self) -> None:
+        """Run one throwaway token each way a decode step can go (one thread, thread pool, every
+        side thread), so kernels are loaded from numba's cache (~0.2 s for the layers kernel) at
+        start-up, not in a user's first step; its KV block is freed again."""
+        e = self.engine
+        queries = e.kv.prefix_query_tokens
+        e.kv.allocate_prompt(WARM_UP_SEQ_KEY, [0])
+        e.kv.prefix_query_tokens = queries                  # not a prompt: keep the hit-rate figures clean
+        try:
+            for builder in [e.batch] + [side.batch for side in e.sides]:
+                builder.clear()
+                builder.add(e.kv, WARM_UP_SEQ_KEY, [0], 0, want_logits=True)
+            e.transformer.forward(e.batch.build(), e.arena.data, parallel=False)
+            e.transformer.forward(e.batch.build(), e.arena.data, parallel=True)
+            for side in e.sides:
+                side.run(side.batch.build(), e.arena.data)
+            for side in e.sides:
+                side.wait()
+        finally:
+            e.kv.free(WARM_UP_SEQ_KEY)
 
     # ---- step ------------------------------------------------------------------------------
     def step(self) -> bool:
