@@ -51,9 +51,9 @@ class Engine:
                                        max_logits_rows=config.max_running + 1)
         max_blocks = -(-self.max_context // config.block_size)
         self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
-        # Decode-only steps of 2+ sequences are split over num_threads threads, each running a
-        # whole forward on its part with single-threaded kernels: one hand-off per step instead of
-        # a thread-pool wake-up per matmul (scheduler.py, "split decode").
+        # Decode-only steps of 2+ sequences can be split over num_threads threads, each running a
+        # whole forward on its part on one thread: one hand-off per step instead of a thread-pool
+        # wake-up per matmul (decode_policy.py decides per step).
         self.sides: list[SideForward] = []
         if config.max_running >= 2 and self.transformer.runs_single_threaded:
             self.sides = [SideForward(Transformer(mc, self.model.weights, config.max_running, self.max_context,

@@ -53,6 +53,10 @@ class SerialLayers:
                         for input_, kinds in zip((transformer.normed_input, transformer.attn_input,
                                                   transformer.ffn_input), kinds_per_input)]
 
+    def own_arrays(self) -> list:
+        """Arrays made here (the rest are the transformer's weights and buffers)."""
+        return [self.kinds, *self.part_ends]
+
     def run(self, batch: "ForwardBatch", batched: np.ndarray, kv_arena: np.ndarray, activations: tuple) -> None:
         """activations: (hidden, normed, q, k, v, attn, proj, gate, up, heads_q, heads_k, heads_v,
         heads_out), views for this batch's T tokens; hidden is run through every layer in place."""

@@ -105,6 +105,8 @@ class Transformer:
                    self.kv_row, self.kv_half_bits]
         for prepared in (self.normed_input, self.attn_input, self.ffn_input, self.output_input):
             arrays += prepared.buffers()
+        if self.serial_layers is not None:
+            arrays += self.serial_layers.own_arrays()
         return [a for a in arrays if a is not None]
 
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
