@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from edge_slm_node.engine.decode_policy import DecodeWay
 from edge_slm_node.engine.engine import UnknownSessionError
 from edge_slm_node.engine.request import FinishReason
 from edge_slm_node.engine.sampling import InvalidRequestError, SamplingParams
@@ -126,6 +127,25 @@ def test_concurrent_sessions_batched_equal_alone(make_engine, threads):
     for request in requests:
         assert request.generated_ids == alone[request.session_id]
     assert engine.scheduler.split_steps > split_before      # 3 sequences over 2 or 3 threads
+    assert_pool_consistent(engine)
+
+
+def test_every_decode_way_gives_the_same_answers(make_engine):
+    """split, one thread (layers in one kernel call) and thread pool, each forced for a whole run."""
+    engine = make_engine()
+    prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
+    answers = {}
+    for way in DecodeWay:
+        engine.scheduler.decode_policy.forced = way
+        sids = [f"{way.name}-{sid}" for sid in prompts]
+        for sid in sids:
+            engine.create_session(sid)
+        requests = [engine.submit(sid, text, GREEDY) for sid, text in zip(sids, prompts.values())]
+        run_to_completion(engine, requests)
+        alone = answer(engine, sids[0], "And G02?")[1]           # one session decoding
+        answers[way] = [r.generated_ids for r in requests] + [alone.generated_ids]
+    assert answers[DecodeWay.SPLIT] == answers[DecodeWay.ONE_THREAD] == answers[DecodeWay.POOL]
+    assert engine.scheduler.split_steps > 0
     assert_pool_consistent(engine)
 
 
