@@ -10,7 +10,7 @@ from typing import Optional
 class DecodeWay(str, enum.Enum):
     SPLIT = "split"              # sequences in parts, one per thread, each part's layers in one kernel call
     ONE_THREAD = "one thread"    # all sequences on the engine thread, layers in one kernel call
-    POOL = "thread pool"         # layers as ONE_THREAD, the output head on numba's thread pool
+    POOL = "thread pool"         # the Python layer loop, big kernels on numba's thread pool
 
 
 class DecodePolicy:
@@ -40,7 +40,7 @@ class DecodePolicy:
     @staticmethod
     def ways(sequences: int, can_split: bool, has_pool: bool) -> tuple:
         """The candidates: 2+ sequences split when there are side threads (then the pool, never
-        faster than split here, is left out); one thread always; else the pool if there is one."""
+        faster than split for decode here, is left out); one thread always; else the pool if any."""
         if can_split and sequences >= 2:
             return (DecodeWay.SPLIT, DecodeWay.ONE_THREAD)
         return (DecodeWay.ONE_THREAD, DecodeWay.POOL) if has_pool else (DecodeWay.ONE_THREAD,)

@@ -64,7 +64,7 @@ class Scheduler:
                 builder.clear()
                 builder.add(e.kv, WARM_UP_SEQ_KEY, [0], 0, want_logits=True)
             e.transformer.forward(e.batch.build(), e.arena.data, parallel=False)
-            e.transformer.forward(e.batch.build(), e.arena.data, parallel=True, layers_on_one_thread=True)
+            e.transformer.forward(e.batch.build(), e.arena.data, parallel=True)
             for side in e.sides:
                 side.run(side.batch.build(), e.arena.data)
             for side in e.sides:
@@ -91,8 +91,7 @@ class Scheduler:
             if side_batches:
                 logits = self._split_forward(batch, side_batches)
             else:
-                logits = e.transformer.forward(batch, e.arena.data, parallel=way is not DecodeWay.ONE_THREAD,
-                                               layers_on_one_thread=way is DecodeWay.POOL)
+                logits = e.transformer.forward(batch, e.arena.data, parallel=way is not DecodeWay.ONE_THREAD)
         except Exception as exc:          # a kernel failure must not take the node down
             error = f"{type(exc).__name__}: {exc}"
         elapsed = time.monotonic() - started

@@ -125,13 +125,10 @@ class Transformer:
         w = self.weights
         return all(linear.packed is not None for linear in [w.output, *w.layer_linears()])
 
-    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True,
-                layers_on_one_thread: bool = False) -> np.ndarray:
+    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
         head_dim) u16 (KVArena.data), return logits (len(logits_rows), vocab) — a view of an internal buffer.
-        parallel=False: every kernel on the calling thread (see runs_single_threaded).
-        layers_on_one_thread: the layers on the calling thread, only the output head (if parallel) on
-        the thread pool (a decode step: waking the pool per layer kernel costs more than it saves)."""
+        parallel=False: every kernel on the calling thread (see runs_single_threaded)."""
         c = self.config
         num_tokens = batch.token_ids.shape[0]
         if num_tokens > self.max_batch_tokens:
@@ -149,11 +146,10 @@ class Transformer:
             batched = batched_tokens(batch.token_seq, batch.block_tables.shape[0])
         self.embed(batch.token_ids, hidden)
         activations = (hidden, normed, q, k, v, attn, proj, gate, up, heads_q, heads_k, heads_v, heads_out)
-        layers_parallel = parallel and not layers_on_one_thread
-        if not layers_parallel and self.serial_layers is not None:
+        if not parallel and self.serial_layers is not None:
             self.serial_layers.run(batch, batched, kv_arena, activations)
         else:
-            self._layers(batch, batched, kv_arena, activations, layers_parallel)
+            self._layers(batch, batched, kv_arena, activations, parallel)
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
         ops.rms_norm(hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
