@@ -1,13 +1,14 @@
 """Where one decoded token's time goes: wraps the transformer's kernels with timers.
 
-    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2] [--way pool]
+    .venv/bin/python bench/profile_decode.py [--sessions 1] [--tokens 64] [--threads 2] [--way pool|one_thread|split] [--per-kernel]
 
 Runs the real engine (bundled model, no system prompt) with `--sessions` sessions decoding at
 once and prints milliseconds per decode step by part; "python + scheduler" is the step's wall
 time minus everything timed inside it. Timers add ~1 us per call. Only the Python layer loop
 can be timed kernel by kernel, so by default every step runs that way on the thread pool
-(--way pool); --way "one thread" / split time what the engine normally runs (layers in one
-kernel call: "layers" is then one entry; with split the parts overlap and sum both threads).
+(--way pool); --way one_thread / split time what the engine normally runs (layers in one
+kernel call: "layers" is then one entry; with split the parts overlap and sum both threads), and
+with --per-kernel the same single-threaded kernels called one by one from Python.
 """
 import argparse
 import os
@@ -71,11 +72,17 @@ def main():
     parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--way", default=DecodeWay.POOL.value, choices=[w.value for w in DecodeWay])
+    parser.add_argument("--way", default="pool", choices=[w.name.lower() for w in DecodeWay])
+    parser.add_argument("--per-kernel", action="store_true",
+                        help="one thread / split: run the layers as the Python loop of the same single-threaded "
+                             "kernels, so each is timed (adds the loop's Python overhead)")
     args = parser.parse_args()
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=args.threads,
                                  system_prompt=None))
-    engine.scheduler.decode_policy.forced = DecodeWay(args.way)
+    engine.scheduler.decode_policy.forced = DecodeWay[args.way.upper()]
+    if args.per_kernel:
+        for forward in [engine.transformer] + [side.transformer for side in engine.sides]:
+            forward.serial_layers = None
     params = SamplingParams(max_new_tokens=args.tokens, ignore_eos=True)
     names = [f"s{i}" for i in range(args.sessions)]
     for name in names:
