@@ -109,16 +109,22 @@ def test_reset_keeps_system_prompt_and_answers_like_new(make_engine):
     assert after_reset.generated_ids == new.generated_ids
 
 
-@pytest.mark.parametrize("threads", [2, 3])
-def test_concurrent_sessions_batched_equal_alone(make_engine, threads):
-    engine = make_engine(num_threads=threads)
-    prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
+def answers_alone(engine, prompts: dict) -> dict:
+    """Each prompt's greedy answer ids in a session of its own; then creates sessions named as the keys."""
     alone = {}
     for sid, text in prompts.items():
         engine.create_session("alone-" + sid)
         alone[sid] = answer(engine, "alone-" + sid, text)[1].generated_ids
     for sid in prompts:
         engine.create_session(sid)
+    return alone
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_concurrent_sessions_batched_equal_alone(make_engine, threads):
+    engine = make_engine(num_threads=threads)
+    prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
+    alone = answers_alone(engine, prompts)
     split_before = engine.scheduler.split_steps
     requests = [engine.submit(sid, text, GREEDY) for sid, text in prompts.items()]
     engine.step()                           # the three new prompt parts fit one forward step
@@ -150,16 +156,11 @@ def test_every_decode_way_gives_the_same_answers(make_engine):
 
 
 def test_prompts_sharing_small_forward_steps_answer_as_alone(make_engine):
-    """With max_batch_tokens 24, three new prompts (15-20 new tokens each) are cut into chunks that share steps with
-    each other and with decoding sessions; every answer is still the one it gets alone."""
+    """With max_batch_tokens 24, three new prompts (15-20 new tokens each) are cut into chunks that
+    share steps with each other and with decoding sessions; every answer is still the one it gets alone."""
     engine = make_engine(max_batch_tokens=24)
     prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm after the tool change?", "c": "Shut off valve three."}
-    alone = {}
-    for sid, text in prompts.items():
-        engine.create_session("alone-" + sid)
-        alone[sid] = answer(engine, "alone-" + sid, text)[1].generated_ids
-    for sid in prompts:
-        engine.create_session(sid)
+    alone = answers_alone(engine, prompts)
     requests = [engine.submit(sid, text, GREEDY) for sid, text in prompts.items()]
     engine.step()
     progress = [r.prefill_done - r.cached_prompt_tokens for r in requests]
