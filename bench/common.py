@@ -1,4 +1,6 @@
 """Prompts shared by both sides of the benchmarks (same text, same GGUF, same threads)."""
+import time
+
 COMMAND_16 = "Spindle 2 shows alarm 108 after the tool change. What should I check first?"
 DECODE_TOKENS = 128
 PROMPT_TOKENS = 256
@@ -16,7 +18,6 @@ def timed_decode_steps(engine, names, params, before_timing=None) -> list:
     """One command per session in `names` (created), prompts run untimed, then every step timed
     until all answers are done -> seconds per step. before_timing() runs once the prompts are done.
     The sessions are reset afterwards."""
-    import time
     requests = [engine.submit(name, f"Describe alarm {100 + i} on a CNC mill.", params)
                 for i, name in enumerate(names)]
     while not all(r.decode_steps for r in requests):

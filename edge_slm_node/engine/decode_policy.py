@@ -63,7 +63,7 @@ class DecodePolicy:
                 return state.trial
             state.trial = None
         if not state.settled:
-            short = [w for w in ways if w not in state.tried and not self._clearly_slower(sequences, w, ways)]
+            short = [w for w in ways if w not in state.last_trial and not self._clearly_slower(sequences, w, ways)]
             if short:
                 return self._start_trial(state, short[0])
             state.settled = True
@@ -88,7 +88,6 @@ class DecodePolicy:
 
     def _start_trial(self, state: "_Choice", way: DecodeWay) -> DecodeWay:
         state.trial, state.trial_left = way, self.trials - 1
-        state.tried.add(way)
         state.last_trial[way] = state.steps
         return way
 
@@ -105,10 +104,9 @@ class _Choice:
     def __init__(self, interval: int):
         self.steps = 0                    # steps decided for this number of sequences
         self.settled = False              # first round and first trials done
-        self.tried: set = set()
         self.trial: Optional[DecodeWay] = None
         self.trial_left = 0               # further steps of the current trial
         self.best: Optional[DecodeWay] = None
         self.interval = interval          # steps between trials of other ways
         self.since_explore = 0
-        self.last_trial: dict = {}        # way -> step its last trial started at
+        self.last_trial: dict = {}        # way -> step its last trial started at (tried ways only)
