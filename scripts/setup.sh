@@ -165,10 +165,11 @@ write_entry edge_slm_client edge_slm_node.ros.client
 
 # --- 6. numba kernels compiled into their on-disk cache ------------------------------------
 # Without it the first start of the node spends ~2 minutes (2 cores) compiling; afterwards
-# start-up takes ~3 s. Redone from scratch when any package source or the numba version changes; the CNC
+# start-up takes ~3 s. Redone from scratch when a kernel source (kernels/: the only numba code) or the
+# numba version changes; the CNC
 # prompt as system prompt makes the prefill big enough to compile the parallel drivers too.
 KERNEL_STAMP="$BUILD_BASE/.numba-kernels-compiled"
-kernel_key="$(cd "$ROOT" && find edge_slm_node -name '*.py' | sort | xargs cat | sha256sum | cut -d' ' -f1)"
+kernel_key="$(cd "$ROOT" && find edge_slm_node/kernels -name '*.py' | sort | xargs cat | sha256sum | cut -d' ' -f1)"
 kernel_key="$kernel_key numba-$("$VPY" -c 'import numba; print(numba.__version__)')"
 if [ "$FORCE" = 1 ] || [ ! -f "$KERNEL_STAMP" ] || [ "$(cat "$KERNEL_STAMP")" != "$kernel_key" ]; then
     log "compiling the numba kernels into their cache (first time: ~2 minutes on 2 cores)"

@@ -9,6 +9,9 @@ class ConfigError(ValueError):
     """A configuration value is out of range; the message names the parameter."""
 
 
+CONTEXT_OVERFLOW_POLICIES = ("drop_oldest", "error")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str = ""                 # empty = bundled SmolLM2-135M-Instruct Q4_1
@@ -25,7 +28,11 @@ class EngineConfig:
     max_queued_requests: int = 64
     queue_timeout_s: float = 30.0
     max_pending_per_session: int = 8
+    max_queued_bytes: int = 16 * 2**20   # memory all queued requests' text and stop strings may hold
     num_threads: int = 2
+    fair_share_steps: int = 16           # while a request waits for a decode slot, one that decoded this
+                                         # many steps since admission yields it (keeping its KV)
+    context_overflow: str = "drop_oldest"  # a turn that does not fit: drop_oldest turns, or error
     lock_memory: bool = False            # mlock weights, KV arena and buffers (engine/memory_lock.py)
 
     def validate(self) -> "EngineConfig":
@@ -42,7 +49,11 @@ class EngineConfig:
             ("max_queued_requests", self.max_queued_requests >= 1, "must be >= 1"),
             ("queue_timeout_s", self.queue_timeout_s > 0, "must be > 0"),
             ("max_pending_per_session", self.max_pending_per_session >= 1, "must be >= 1"),
+            ("max_queued_bytes", self.max_queued_bytes >= 2**16, "must be >= 64 KiB"),
             ("num_threads", 1 <= self.num_threads <= 256, "must be in [1, 256]"),
+            ("fair_share_steps", self.fair_share_steps >= 1, "must be >= 1"),
+            ("context_overflow", self.context_overflow in CONTEXT_OVERFLOW_POLICIES,
+             f"must be one of {', '.join(CONTEXT_OVERFLOW_POLICIES)}"),
         ]
         for name, ok, rule in checks:
             if not ok:

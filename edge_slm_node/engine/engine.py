@@ -7,7 +7,9 @@ that touch a sequence inside the running forward wait for it to finish (one step
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
+import time
 import uuid
 from collections import deque
 from typing import Callable, Iterator, Optional
@@ -16,19 +18,24 @@ import numba
 
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
+from ..model.chat_prompt import ChatPrompt
 from ..model.loader import LoadedModel, load_model
 from ..model.transformer import Transformer
 from ..model.utf8_stream import Utf8StreamDecoder
 from .batch import BatchBuilder
 from .config import ConfigError, EngineConfig
 from .memory_lock import lock_arrays
-from .request import FinishReason, Request, TokenEvent
+from .request import FinishReason, Request, TokenEvent, held_bytes
 from .sampling import InvalidRequestError, Sampler, SamplingParams
 from .scheduler import PREFIX_SEQ_KEY, Scheduler
 from .side_forward import SideForward
-from .session import Session
+from .session import Session, eviction_victim
 from .stop_strings import StopStringMatcher
 from .stats import EngineStats, SessionStats
+
+
+log = logging.getLogger(__name__)
+MAX_OWNER_KEY_CHARS = 256
 
 
 class UnknownSessionError(KeyError):
@@ -44,6 +51,7 @@ class Engine:
         self.model = model or load_model(config.model_path)
         mc = self.model.config
         self.tokenizer = self.model.tokenizer
+        self.chat_prompt = ChatPrompt(self.model.chat_template, self.tokenizer)
         self.max_context = min(config.max_context_tokens, mc.context_length)
         self.arena = KVArena.from_megabytes(mc, config.kv_pool_mb, config.block_size)
         self.kv = KVBlockManager(self.arena.num_blocks, config.block_size, config.enable_prefix_cache)
@@ -64,6 +72,7 @@ class Engine:
         self.queue: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
+        self.sessions_evicted = 0
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._forward_done = threading.Condition(self._lock)
@@ -87,29 +96,28 @@ class Engine:
 
     # ---- prompts -------------------------------------------------------------------------
     def render_prefix(self, system_prompt: str) -> list[int]:
-        text = self.model.chat_template.render([{"role": "system", "content": system_prompt}],
-                                               add_generation_prompt=False)
-        return self.tokenizer.encode(text)
+        return self.chat_prompt.ids([{"role": "system", "content": system_prompt}], add_generation_prompt=False)
 
     def render_turn(self, session: Session, text: str) -> list[int]:
         messages = list(session.messages) + [{"role": "user", "content": text}]
         if session.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": session.system_prompt})
-        return self.tokenizer.encode(self.model.chat_template.render(messages, add_generation_prompt=True))
+        return self.chat_prompt.ids(messages, add_generation_prompt=True)
 
     # ---- sessions ------------------------------------------------------------------------
     def create_session(self, session_id: str = "", system_prompt: Optional[str] = None,
-                       keep_history: bool = True) -> Session:
-        """system_prompt None = the engine's shared prompt; "" = no system message."""
+                       keep_history: bool = True, owner_key: str = "", auto_created: bool = False) -> Session:
+        """system_prompt None = the engine's shared prompt; "" = no system message. At
+        max_sessions the cheapest idle session is evicted (session.eviction_victim)."""
         with self._lock:
             session_id = session_id or uuid.uuid4().hex[:12]
             if session_id in self.sessions:
                 raise InvalidRequestError(f"session {session_id!r} already exists")
-            if len(self.sessions) >= self.config.max_sessions:
-                raise InvalidRequestError(f"max_sessions={self.config.max_sessions} reached; destroy a session first")
             if system_prompt is not None and len(system_prompt) > self.config.max_input_chars:
                 raise InvalidRequestError(f"system prompt has {len(system_prompt)} characters, "
                                           f"limit max_input_chars={self.config.max_input_chars}")
+            if len(owner_key) > MAX_OWNER_KEY_CHARS:
+                raise InvalidRequestError(f"owner_key has {len(owner_key)} characters, at most {MAX_OWNER_KEY_CHARS}")
             if system_prompt is None:
                 system_prompt = self.config.system_prompt or None
             elif system_prompt == "":
@@ -118,9 +126,21 @@ class Engine:
             prefix = self.prefix_ids if shared else (self.render_prefix(system_prompt) if system_prompt else [])
             if len(prefix) >= self.max_context:
                 raise InvalidRequestError(f"system prompt is {len(prefix)} tokens, context limit {self.max_context}")
-            session = Session(session_id, system_prompt, prefix, shared, keep_history)
+            if len(self.sessions) >= self.config.max_sessions:
+                self._evict_for(session_id)
+            session = Session(session_id, system_prompt, prefix, shared, keep_history, owner_key, auto_created)
             self.sessions[session_id] = session
             return session
+
+    def _evict_for(self, session_id: str) -> None:
+        victim = eviction_victim(self.sessions.values(), self._in_forward)
+        if victim is None:
+            raise InvalidRequestError(f"max_sessions={self.config.max_sessions} reached and every session is busy")
+        freed = self.destroy_session(victim.session_id, victim.owner_key)
+        self.sessions_evicted += 1
+        log.info("session %r evicted for %r (max_sessions=%d reached; it was idle %.0f s, %s, %d blocks freed)",
+                 victim.session_id, session_id, self.config.max_sessions, time.monotonic() - victim.last_used,
+                 "owned" if victim.owner_key else ("auto-created" if victim.auto_created else "created"), freed)
 
     def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
@@ -128,11 +148,22 @@ class Engine:
             raise UnknownSessionError(f"unknown session {session_id!r}")
         return session
 
-    def destroy_session(self, session_id: str) -> int:
+    def _settled_session(self, session_id: str, owner_key: str) -> Session:
+        """The session, once no forward pass is computing it; call with the lock held.
+
+        Waiting releases the lock, so the session is looked up (and its owner checked) again
+        after every wait: it may have been destroyed, or re-created under the same id, meanwhile."""
+        while True:
+            session = self._session(session_id)
+            session.authorize(owner_key)
+            if session_id not in self._in_forward:
+                return session
+            self._forward_done.wait()
+
+    def destroy_session(self, session_id: str, owner_key: str = "") -> int:
         """Cancel its requests, return every block; -> blocks returned to the pool."""
         with self._lock:
-            session = self._session(session_id)
-            self._wait_out_of_forward(session_id)
+            session = self._settled_session(session_id, owner_key)
             available = self.kv.pool.num_available
             self._cancel_all(session, "session destroyed")
             if session.has_kv:
@@ -140,11 +171,10 @@ class Engine:
             del self.sessions[session_id]
             return self.kv.pool.num_available - available
 
-    def reset_session(self, session_id: str) -> int:
+    def reset_session(self, session_id: str, owner_key: str = "") -> int:
         """Forget the conversation, keep the system prompt; -> blocks returned to the pool."""
         with self._lock:
-            session = self._session(session_id)
-            self._wait_out_of_forward(session_id)
+            session = self._settled_session(session_id, owner_key)
             available = self.kv.pool.num_available
             self._cancel_all(session, "session reset")
             session.messages.clear()
@@ -153,12 +183,26 @@ class Engine:
             session.touch()
             return self.kv.pool.num_available - available
 
-    def cancel(self, session_id: str) -> bool:
+    def cancel(self, session_id: str, owner_key: str = "") -> bool:
         """Cancel the session's running and queued requests; -> whether there was any."""
         with self._lock:
-            session = self._session(session_id)
-            self._wait_out_of_forward(session_id)
+            session = self._settled_session(session_id, owner_key)
             return self._cancel_all(session, "cancelled by client") > 0
+
+    def expire_idle_sessions(self, idle_timeout_s: float, auto_idle_timeout_s: float) -> list:
+        """Destroy every session idle (nothing queued or running) for longer than its timeout
+        (auto-created sessions: auto_idle_timeout_s; 0 = never); -> [(session_id, idle s, blocks
+        freed)]. Checked and destroyed under one lock hold: a command arriving meanwhile is never
+        cancelled by it."""
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            for session_id, session in list(self.sessions.items()):
+                timeout = auto_idle_timeout_s if session.auto_created else idle_timeout_s
+                idle = now - session.last_used
+                if timeout > 0 and idle > timeout and not session.busy and session_id not in self._in_forward:
+                    expired.append((session_id, idle, self.destroy_session(session_id, session.owner_key)))
+        return expired
 
     def _cancel_all(self, session: Session, why: str) -> int:
         victims = list(session.queued) + ([session.active] if session.active else [])
@@ -166,16 +210,16 @@ class Engine:
             self.scheduler.finish(request, FinishReason.CANCELLED, why)
         return len(victims)
 
-    def _wait_out_of_forward(self, session_id: str) -> None:
-        while session_id in self._in_forward:
-            self._forward_done.wait()
-
     # ---- requests ------------------------------------------------------------------------
     def submit(self, session_id: str, text: str, params: SamplingParams, raw: bool = False,
-               on_event: Optional[Callable[[TokenEvent], None]] = None) -> Request:
-        """Queue a turn. Raises InvalidRequestError / UnknownSessionError before queueing."""
+               on_event: Optional[Callable[[TokenEvent], None]] = None,
+               create_if_missing: bool = False, owner_key: str = "") -> Request:
+        """Queue a turn. Raises InvalidRequestError / UnknownSessionError before queueing.
+
+        create_if_missing: an unknown session is created (with the shared prompt) in the same
+        locked step, after the request has been validated, so a rejected first command leaves
+        nothing behind and no other call can see the session without its request."""
         with self._lock:
-            session = self._session(session_id)
             params = params.validate(self.config.max_new_tokens_limit)
             if not isinstance(text, str) or not text.strip():
                 raise InvalidRequestError("empty prompt: text has no non-whitespace character")
@@ -183,11 +227,23 @@ class Engine:
                 raise InvalidRequestError(f"prompt has {len(text)} characters, limit max_input_chars={self.config.max_input_chars}")
             if len(self.queue) >= self.config.max_queued_requests:
                 raise InvalidRequestError(f"engine queue full ({len(self.queue)} requests, max_queued_requests={self.config.max_queued_requests})")
+            cost = held_bytes(text, params)
+            held = sum(r.held_bytes for r in self.queue)
+            if held + cost > self.config.max_queued_bytes:
+                raise InvalidRequestError(f"queued requests hold {held} bytes and this one {cost}; limit "
+                                          f"max_queued_bytes={self.config.max_queued_bytes}")
+            session = self.sessions.get(session_id)
+            if session is None and create_if_missing:
+                session = self.create_session(session_id, owner_key=owner_key, auto_created=True)
+            elif session is None:
+                raise UnknownSessionError(f"unknown session {session_id!r}")
+            session.authorize(owner_key)
             if len(session.queued) >= self.config.max_pending_per_session:
                 raise InvalidRequestError(f"session {session_id!r} has {len(session.queued)} queued requests "
                                           f"(max_pending_per_session={self.config.max_pending_per_session})")
             request = Request(next(self._ids), session_id, text, params, raw, on_event,
-                              Sampler(params), Utf8StreamDecoder(self.tokenizer), StopStringMatcher(params.stop))
+                              Sampler(params), Utf8StreamDecoder(self.tokenizer), StopStringMatcher(params.stop),
+                              held_bytes=cost)
             session.queued.append(request)
             self.queue.append(request)
             session.touch()
@@ -225,7 +281,8 @@ class Engine:
                 sessions.append(SessionStats(
                     s.session_id, self.kv.num_tokens(s.session_id) if has else 0,
                     self.kv.num_blocks(s.session_id) if has else 0,
-                    self.kv.num_shared_blocks(s.session_id) if has else 0, state))
+                    self.kv.num_shared_blocks(s.session_id) if has else 0, state, bool(s.owner_key),
+                    s.auto_created))
             return EngineStats(
                 block_size=self.config.block_size, bytes_per_block=self.arena.bytes_per_block,
                 bytes_per_token=self.arena.bytes_per_token, total_blocks=kv.total_blocks,
@@ -234,4 +291,5 @@ class Engine:
                 prefix_query_tokens=kv.prefix_query_tokens, prefix_hit_tokens=kv.prefix_hit_tokens,
                 evictions=kv.evictions, preemptions=self.preemptions, queue_length=len(self.queue),
                 running=len(self.running), weights_bytes=self.model.weights.num_bytes,
-                arena_bytes=self.arena.num_bytes, locked_bytes=self.locked_bytes, sessions=sessions)
+                arena_bytes=self.arena.num_bytes, locked_bytes=self.locked_bytes,
+                sessions_evicted=self.sessions_evicted, sessions=sessions)

@@ -1,6 +1,8 @@
 """Memory budget at start: refuse to start (with every figure) rather than be OOM-killed later."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import resource
 from dataclasses import replace
@@ -58,7 +60,9 @@ def check_memory_budget(settings, model_path: str, logger=None, available: int |
                                          settings))
     if logger is not None:
         logger.info(_figures("memory budget ok", available, allowed, weights, kv_bytes, runtime, settings))
-    return engine
+    # what queued requests may hold: an eighth of the headroom left, within [1, 64] MiB
+    queue_bytes = min(64 * MIB, max(MIB, (allowed - total) // 8))
+    return replace(engine, max_queued_bytes=int(queue_bytes))
 
 
 def _figures(verdict, available, allowed, weights, kv_bytes, runtime, settings) -> str:
@@ -66,3 +70,28 @@ def _figures(verdict, available, allowed, weights, kv_bytes, runtime, settings) 
             f"{runtime / MIB:.1f} MiB = {(weights + kv_bytes + runtime) / MIB:.1f} MiB; allowed "
             f"{allowed / MIB:.1f} MiB = MemAvailable {available / MIB:.1f} MiB x min(memory_cap_fraction "
             f"{settings.memory_cap_fraction:g}, 1 - memory_reserve_fraction {settings.memory_reserve_fraction:g})")
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free pages back to the OS (glibc malloc_trim(0), every arena).
+
+    Large client messages (deserialized by rclpy on executor threads) land in per-thread
+    malloc arenas, which keep their freed pages; without this the resident size stays at
+    its high-water mark after a flood. Returns False where malloc_trim does not exist."""
+    trim = _malloc_trim()
+    return bool(trim is not None and trim(0) >= 0)
+
+
+def _malloc_trim():
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _MALLOC_TRIM = libc.malloc_trim
+            _MALLOC_TRIM.argtypes, _MALLOC_TRIM.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            _MALLOC_TRIM = False
+    return _MALLOC_TRIM or None
+
+
+_MALLOC_TRIM = None

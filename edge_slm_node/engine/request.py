@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -16,6 +17,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"
     CANCELLED = "cancelled"
     POOL_EXHAUSTED = "pool_exhausted"
+    CONTEXT_FULL = "context_full"       # the answer reached max_context_tokens
     ERROR = "error"
 
 
@@ -24,6 +26,11 @@ class RequestState(str, enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     FINISHED = "finished"
+
+
+def held_bytes(text: str, params: SamplingParams) -> int:
+    """What a waiting request's client-supplied strings occupy in this process."""
+    return sys.getsizeof(text) + sum(sys.getsizeof(stop) for stop in params.stop)
 
 
 @dataclass
@@ -63,9 +70,12 @@ class Request:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     decode_steps: int = 0                               # forward passes that decoded one token
-    preemptions: int = 0
-    cancel_requested: bool = False
+    preemptions: int = 0                                # KV freed for another request, recomputed later
+    suspensions: int = 0                                # yielded its decode slot to a waiting request
+    turn_steps: int = 0                                 # decode steps since its last admission
+    kv_kept: bool = False                               # suspended: its session's KV still holds the turn
     events: list = field(default_factory=list)          # kept when on_event is None (sync use)
+    held_bytes: int = 0                                 # memory its text and stop strings hold (queue budget)
 
     @property
     def done(self) -> bool:

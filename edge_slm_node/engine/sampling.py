@@ -8,6 +8,12 @@ from typing import Optional
 import numpy as np
 
 
+# Stop strings are matched against every decoded piece and held while a request waits: bounded.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOTAL_CHARS = 1024
+
+
 class InvalidRequestError(ValueError):
     """A client asked for something impossible; the message names the value and the limit."""
 
@@ -40,11 +46,16 @@ class SamplingParams:
             bad("seed", self.seed, "must be in [0, 2^63) or None for random")
         if int(self.max_new_tokens) != self.max_new_tokens or not 1 <= self.max_new_tokens <= max_new_tokens_limit:
             bad("max_new_tokens", self.max_new_tokens, f"must be an integer in [1, {max_new_tokens_limit}]")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            bad("stop", f"{len(self.stop)} strings", f"at most {MAX_STOP_STRINGS} stop strings")
         for stop in self.stop:
             if not isinstance(stop, str) or not stop:
-                bad("stop", stop, "stop strings must be non-empty strings")
-        if len(self.stop) > 16:
-            bad("stop", f"{len(self.stop)} strings", "at most 16 stop strings")
+                bad("stop", stop[:40] if isinstance(stop, str) else stop, "stop strings must be non-empty strings")
+            if len(stop) > MAX_STOP_CHARS:
+                bad("stop", stop[:40] + "...", f"a stop string has {len(stop)} characters, at most {MAX_STOP_CHARS}")
+        total = sum(len(stop) for stop in self.stop)
+        if total > MAX_STOP_TOTAL_CHARS:
+            bad("stop", f"{len(self.stop)} strings", f"{total} characters in all, at most {MAX_STOP_TOTAL_CHARS}")
         return self
 
 

@@ -7,6 +7,7 @@ request, which is requeued and later recomputed with the help of cached prefix b
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,8 @@ from .decode_policy import DecodePolicy, DecodeWay
 
 PREFIX_SEQ_KEY = ("shared-prefix",)      # block-manager id of the pinned system-prompt sequence
 WARM_UP_SEQ_KEY = ("warm-up",)           # a throwaway one-token sequence run at start-up
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -76,6 +79,7 @@ class Scheduler:
     def step(self) -> bool:
         e = self.engine
         with e._lock:
+            self._share_decode_slots()
             self._admit()
             self._expire_queue()                 # only what could not be admitted times out
             plan = self._plan_batch()
@@ -108,6 +112,7 @@ class Scheduler:
             for request in decoders:
                 request.decode_seconds += elapsed
                 request.decode_steps += 1
+                request.turn_steps += 1
                 e.kv.commit(request.session_id, [request.next_token])
                 self._accept_token(request, logits[row])
                 row += 1
@@ -224,11 +229,41 @@ class Scheduler:
         session.active = None
         e.queue.appendleft(request)
 
+    def _share_decode_slots(self) -> None:
+        """Round-robin when requests wait for a decode slot: each waiting one takes the slot of a
+        running request that has decoded fair_share_steps since its admission (most first)."""
+        e = self.engine
+        if len(e.running) < e.config.max_running:
+            return
+        waiting = sum(1 for r in e.queue if self._admissible(r))
+        due = [r for r in e.running if r.state is RequestState.DECODE and r.turn_steps >= e.config.fair_share_steps]
+        for request in sorted(due, key=lambda r: -r.turn_steps)[:waiting]:
+            self._suspend(request)
+
+    def _suspend(self, request: Request) -> None:
+        """Take a decoding request out of the batch, its KV kept, and queue it at the back; on
+        readmission its sampled token is its one-token prompt, as it would have been decoded."""
+        e = self.engine
+        session = e.sessions[request.session_id]
+        request.prompt_ids = e.kv.token_ids(request.session_id) + [request.next_token]
+        e.running.remove(request)
+        request.state = RequestState.QUEUED
+        request.suspensions += 1
+        request.kv_kept = True
+        session.queued.appendleft(request)
+        session.active = None
+        e.queue.append(request)
+
     # ---- admission -------------------------------------------------------------------------
+    def _admissible(self, request: Request) -> bool:
+        session = self.engine.sessions[request.session_id]
+        return session.active is None and session.queued[0] is request
+
     def _expire_queue(self) -> None:
         e = self.engine
         now = time.monotonic()
-        for request in [r for r in e.queue if now - r.submitted_at > e.config.queue_timeout_s]:
+        never_started = [r for r in e.queue if r.started_at is None]
+        for request in [r for r in never_started if now - r.submitted_at > e.config.queue_timeout_s]:
             self.finish(request, FinishReason.ERROR,
                         f"timed out after {e.config.queue_timeout_s:g} s in the queue (queue_timeout_s): "
                         f"{len(e.running)} requests running, {e.kv.pool.num_available} KV blocks available")
@@ -239,7 +274,7 @@ class Scheduler:
             if len(e.running) >= e.config.max_running:
                 return
             session = e.sessions[request.session_id]
-            if session.active is not None or session.queued[0] is not request:
+            if not self._admissible(request):
                 continue
             while True:
                 try:
@@ -251,6 +286,22 @@ class Scheduler:
             if admitted:
                 e.queue.remove(request)
                 session.queued.popleft()
+
+    def _drop_oldest_turns(self, request: Request, session) -> None:
+        """context_overflow=drop_oldest: forget the oldest (user, assistant) turns after the system
+        prompt until the new turn fits with room for its answer; the KV after the system prompt
+        is then recomputed (its blocks no longer match)."""
+        e = self.engine
+        room = min(request.params.max_new_tokens, e.max_context // 4)
+        dropped = 0
+        while len(request.prompt_ids) + room > e.max_context and len(session.messages) >= 2:
+            del session.messages[:2]
+            dropped += 1
+            request.prompt_ids = e.render_turn(session, request.text)
+        if dropped:
+            log.info("session %r: dropped its %d oldest turn(s) to fit max_context_tokens=%d (context_overflow="
+                     "drop_oldest); prompt now %d tokens", session.session_id, dropped, e.max_context,
+                     len(request.prompt_ids))
 
     def _release_idle_session_kv(self, keep) -> bool:
         """Free the KV of the least recently used idle session (its history stays in messages and
@@ -269,18 +320,26 @@ class Scheduler:
         e = self.engine
         sid = request.session_id
         if not request.prompt_ids:                      # first admission (not a preempted resume)
-            if request.raw:
-                history = e.kv.token_ids(sid) if session.has_kv else []
-                bos = [e.tokenizer.bos_id] if not history and e.tokenizer.add_bos_default else []
-                request.prompt_ids = history + bos + e.tokenizer.encode(request.text)
-            else:
-                request.prompt_ids = e.render_turn(session, request.text)
+            try:
+                if request.raw:
+                    history = e.kv.token_ids(sid) if session.has_kv else []
+                    bos = [e.tokenizer.bos_id] if not history and e.tokenizer.add_bos_default else []
+                    request.prompt_ids = history + bos + e.tokenizer.encode(request.text)
+                else:
+                    request.prompt_ids = e.render_turn(session, request.text)
+                    if e.config.context_overflow == "drop_oldest":
+                        self._drop_oldest_turns(request, session)
+            except ValueError as error:                 # ChatTemplateError: the template refused the turn
+                self.finish(request, FinishReason.ERROR, f"cannot render the prompt: {error}")
+                return False
         prompt = request.prompt_ids
         limit = e.max_context - 1
         if len(prompt) > limit:
+            history = " with history" if session.messages else ""
             self.finish(request, FinishReason.ERROR,
-                        f"prompt is {len(prompt)} tokens with history, context limit is {e.max_context} "
-                        f"(max_context_tokens); reset the session or shorten the text")
+                        f"prompt is {len(prompt)} tokens{history}, context limit is {e.max_context} "
+                        f"(max_context_tokens, context_overflow={e.config.context_overflow}); "
+                        + ("reset the session or shorten the text" if history else "shorten the text"))
             return False
         needed = e.kv.prompt_blocks_needed(prompt) if not session.has_kv else 0
         if needed > e.kv.stats().total_blocks - e.kv.stats().pinned_blocks:
@@ -288,7 +347,7 @@ class Scheduler:
                         f"prompt needs {needed} KV blocks, pool has {e.kv.stats().total_blocks} "
                         f"({e.kv.stats().pinned_blocks} pinned); raise kv_pool_mb")
             return False
-        fresh_session = not session.messages and request.preemptions == 0
+        fresh_session = not session.messages and request.preemptions == 0 and request.suspensions == 0
         if not session.has_kv and fresh_session and session.uses_shared_prefix \
                 and prompt[:len(e.prefix_ids)] == e.prefix_ids and e.kv.has_seq(PREFIX_SEQ_KEY):
             # share the pinned prompt blocks, copy its partly filled last block on first write
@@ -298,13 +357,15 @@ class Scheduler:
             done = min(common_prefix_length(e.kv.token_ids(sid), prompt), len(prompt) - 1)
             e.kv.truncate(sid, done)
             e.arena.copy_blocks(e.kv.reserve(sid, len(prompt) - done))
-            request.cached_prompt_tokens = done
         else:                                # history to rebuild: reuse whatever the prefix cache holds
-            request.cached_prompt_tokens = e.kv.allocate_prompt(sid, prompt)
+            done = e.kv.allocate_prompt(sid, prompt)
             session.has_kv = True
-        request.prefill_done = request.cached_prompt_tokens
+        request.prefill_done = done
         request.state = RequestState.PREFILL
-        if request.started_at is None:
+        request.turn_steps = 0
+        request.kv_kept = False
+        if request.started_at is None:           # first admission: what the turn found cached
+            request.cached_prompt_tokens = done
             request.started_at = time.monotonic()
         session.active = request
         e.running.append(request)
@@ -333,7 +394,7 @@ class Scheduler:
         elif len(request.generated_ids) >= p.max_new_tokens:
             self.finish(request, FinishReason.LENGTH)
         elif e.kv.num_tokens(request.session_id) + 1 >= e.max_context:
-            self.finish(request, FinishReason.LENGTH)
+            self.finish(request, FinishReason.CONTEXT_FULL)
 
     def _emit(self, request: Request, text: str, reason=None, error: str = "") -> None:
         """Hand one event to the request's subscriber (or keep it for synchronous callers)."""
@@ -370,8 +431,8 @@ class Scheduler:
         if session is not None:
             if request in session.queued:
                 session.queued.remove(request)
-            if session.active is request:
-                session.active = None
+            if session.active is request or request.kv_kept:
+                session.active = None if session.active is request else session.active
                 self._settle_session_kv(session, request)
             session.touch()
         self._emit(request, tail, reason, error)
@@ -380,7 +441,7 @@ class Scheduler:
         """After a turn: record it in history, drop uncommitted reservations, or roll back."""
         e = self.engine
         sid = session.session_id
-        completed = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        completed = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
         if completed and not request.raw and session.keep_history:
             session.messages.append({"role": "user", "content": request.text})
             session.messages.append({"role": "assistant", "content": request.text_out})

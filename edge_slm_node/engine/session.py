@@ -1,10 +1,17 @@
 """Per-session conversation state (the KV itself is a sequence in the block manager)."""
 from __future__ import annotations
 
+import hmac
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
+
+from .sampling import InvalidRequestError
+
+
+class SessionOwnershipError(InvalidRequestError):
+    """A call on an owned session without its owner key."""
 
 
 @dataclass
@@ -14,6 +21,8 @@ class Session:
     prefix_ids: list                    # tokens of the rendered system prompt alone
     uses_shared_prefix: bool            # forks the engine's pinned prefix sequence
     keep_history: bool
+    owner_key: str = ""                 # set: every call on the session must carry it
+    auto_created: bool = False          # made by a command for an unknown id, not by create_session
     messages: list = field(default_factory=list)
     has_kv: bool = False                # a sequence exists in the block manager
     active: Optional[object] = None     # the Request being served
@@ -26,6 +35,23 @@ class Session:
     @property
     def busy(self) -> bool:
         return self.active is not None or bool(self.queued)
+
+    def authorize(self, owner_key: str) -> None:
+        if self.owner_key and not hmac.compare_digest(self.owner_key.encode(), (owner_key or "").encode()):
+            what = "no owner_key" if not owner_key else "a wrong owner_key"
+            raise SessionOwnershipError(f"session {self.session_id!r} is owned; the call carried {what}")
+
+
+def eviction_victim(sessions: Iterable[Session], in_forward: set) -> Optional[Session]:
+    """The idle session to give up when max_sessions is reached, or None if all are busy.
+
+    Cheapest loss first: sessions without an owner key before owned ones, then those never
+    used for a turn, then auto-created ones; least recently used within each. So a burst of
+    anonymous sessions evicts its own kind before an operator's owned conversation."""
+    idle = [s for s in sessions if not s.busy and s.session_id not in in_forward]
+    if not idle:
+        return None
+    return min(idle, key=lambda s: (bool(s.owner_key), bool(s.messages), not s.auto_created, s.last_used))
 
 
 def common_prefix_length(a: list, b: list) -> int:

@@ -11,6 +11,8 @@ class SessionStats:
     num_blocks: int
     shared_blocks: int
     state: str                 # idle, queued, prefill, decode
+    owned: bool = False
+    auto_created: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class EngineStats:
     weights_bytes: int
     arena_bytes: int
     locked_bytes: int = 0       # mlocked by lock_memory (weights, KV arena, buffers)
+    sessions_evicted: int = 0   # idle sessions given up to make room at max_sessions
     sessions: list = field(default_factory=list)
 
     @property

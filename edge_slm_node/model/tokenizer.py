@@ -209,6 +209,37 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
+    def encode_segments(self, segments: Iterable[tuple[str, bool]]) -> list[int]:
+        """Token ids of the concatenated texts, control tokens parsed only in segments marked
+        True. Control tokens split the text into runs as llama.cpp's special-token partition
+        does; each run (which may span segments) is tokenized as a whole, without parsing."""
+        pieces: list = []                     # str runs and control-token ids, in order
+        for text, parse_special in segments:
+            if not parse_special:
+                pieces.append(text)
+                continue
+            with self._lock:
+                encoding = self._backend.encode(text, add_special_tokens=False)
+            cursor = 0
+            for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+                if token_id in self._special_ids:
+                    pieces.append(text[cursor:start])
+                    pieces.append(token_id)
+                    cursor = end
+            pieces.append(text[cursor:])
+        ids: list[int] = []
+        run: list[str] = []
+        for piece in pieces + [None]:
+            if isinstance(piece, str):
+                run.append(piece)
+                continue
+            if run and "".join(run):
+                ids += self.encode("".join(run), parse_special=False)
+            run = []
+            if piece is not None:
+                ids.append(piece)
+        return ids
+
     def token_bytes(self, token_id: int, skip_special: bool = False) -> bytes:
         """Raw bytes of one token (may be part of a UTF-8 character); b"" for control
         tokens when ``skip_special``."""

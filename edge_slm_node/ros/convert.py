@@ -60,9 +60,10 @@ def pool_status(stats, stamp, rss_bytes: int) -> PoolStatus:
         usage_ratio=float(stats.usage_ratio), kv_bytes_in_use=stats.kv_bytes_in_use,
         prefix_query_tokens=stats.prefix_query_tokens, prefix_hit_tokens=stats.prefix_hit_tokens,
         preemptions=stats.preemptions, queue_length=stats.queue_length, rss_bytes=rss_bytes,
-        weights_bytes=stats.weights_bytes)
+        weights_bytes=stats.weights_bytes, sessions_evicted=stats.sessions_evicted)
     message.sessions = [SessionStatus(session_id=s.session_id, num_tokens=s.num_tokens, num_blocks=s.num_blocks,
-                                      shared_blocks=s.shared_blocks, state=s.state) for s in stats.sessions]
+                                      shared_blocks=s.shared_blocks, state=s.state, owned=s.owned,
+                                      auto_created=s.auto_created) for s in stats.sessions]
     return message
 
 

@@ -16,8 +16,10 @@ from collections import deque
 from typing import Optional
 
 import rclpy
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.clock import Clock, ClockType
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -27,13 +29,23 @@ from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, R
 
 from ..engine.config import ConfigError
 from ..engine.engine import Engine, UnknownSessionError
-from ..engine.memory import MemoryBudgetError, check_memory_budget, resident_bytes
+from ..engine.memory import MemoryBudgetError, check_memory_budget, release_free_heap, resident_bytes
 from ..engine.memory_lock import MemoryLockError
 from ..engine.sampling import InvalidRequestError
 from ..model.gguf_file import GGUFError, GGUFFile
 from ..model.loader import default_model_path
 from . import convert
+from .executor import BoundedExecutor
+from .guard import RateLimiter, forward_engine_log, guarded_service, guarded_subscription, guarded_timer, rate_limited
+from .process_memory import configure_process_memory
 from .params import PARAMETERS, NodeSettings, settings_from_values
+
+
+TRIM_AFTER_GROWTH_BYTES = 16 * 2**20
+# A session call on a sequence inside the running forward pass waits for it (one step) on its
+# executor thread: enough threads that such waits overlap instead of queueing every other call.
+EXECUTOR_THREADS = 8
+STATUS_COALESCE_S = 0.1
 
 
 class EdgeSlmNode(Node):
@@ -54,6 +66,11 @@ class EdgeSlmNode(Node):
         self._chunk_seq: dict = {}
         self._seq_lock = threading.Lock()
 
+        self._lowest_rss = 0                      # set when ready
+        self._in_flight: set = set()              # (session_id, client request_id) not yet finished
+        forward_engine_log(self.get_logger())
+        self.add_on_set_parameters_callback(self._on_set_parameters)
+
         group = ReentrantCallbackGroup()
         qos = QoSProfile(depth=self.settings.qos_depth, reliability=ReliabilityPolicy.RELIABLE)
         # commands are never dropped silently: reliable keep-all applies back-pressure to a flooding
@@ -63,12 +80,29 @@ class EdgeSlmNode(Node):
         self.token_publisher = self.create_publisher(TokenChunk, "tokens", qos)
         self.status_publisher = self.create_publisher(PoolStatus, "pool_status", 10)
         self.diagnostics_publisher = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self.create_subscription(Command, "command", self.on_command, command_qos, callback_group=group)
-        self.create_service(CreateSession, "create_session", self.on_create_session, callback_group=group)
-        self.create_service(DestroySession, "destroy_session", self.on_destroy_session, callback_group=group)
-        self.create_service(ResetSession, "reset_session", self.on_reset_session, callback_group=group)
-        self.create_service(CancelGeneration, "cancel_generation", self.on_cancel_generation, callback_group=group)
-        self.create_timer(1.0 / self.settings.status_rate_hz, self.publish_status, callback_group=group)
+        log = self.get_logger()
+        self._command_callback = guarded_subscription(log, "command", self.on_command, self._publish_error)
+        self._publish_status_safely = guarded_timer(log, "status", self.publish_status)
+        self.create_subscription(Command, "command", self._command_callback, command_qos, callback_group=group)
+        # services keep every request (keep-all) and answer each one, an error when over the rate
+        # limit: a keep-last queue would drop a burst's excess without any answer
+        service_qos = QoSProfile(depth=self.settings.service_queue_depth, history=HistoryPolicy.KEEP_ALL,
+                                 reliability=ReliabilityPolicy.RELIABLE)
+        limiter = RateLimiter(self.settings.service_rate_limit_hz)
+        for kind, name, handler in [(CreateSession, "create_session", self.on_create_session),
+                                    (DestroySession, "destroy_session", self.on_destroy_session),
+                                    (ResetSession, "reset_session", self.on_reset_session),
+                                    (CancelGeneration, "cancel_generation", self.on_cancel_generation)]:
+            self.create_service(kind, name, guarded_service(log, name, rate_limited(limiter, name, handler)),
+                                qos_profile=service_qos, callback_group=group)
+        # steady clock: use_sim_time and whoever publishes /clock must not stop or drive status
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.create_timer(1.0 / self.settings.status_rate_hz, self._publish_status_safely, callback_group=group,
+                          clock=steady)
+        # session changes are published at most 10 times a second, however many calls cause them
+        self._status_changed = threading.Event()
+        self.create_timer(STATUS_COALESCE_S, guarded_timer(log, "status", self._publish_changed_status),
+                          callback_group=group, clock=steady)
         self.engine_thread = threading.Thread(target=self._engine_loop, name="edge_slm_engine", daemon=True)
         self.engine_thread.start()
 
@@ -91,9 +125,10 @@ class EdgeSlmNode(Node):
             f"{stats.block_size} tokens ({stats.bytes_per_block / 1024:.0f} KiB each), shared prompt "
             f"{len(engine.prefix_ids)} tokens" + (f", {stats.locked_bytes / 2**20:.1f} MiB locked in RAM"
                                                    if stats.locked_bytes else ""))
+        self._lowest_rss = resident_bytes()
         while self._early_commands:
-            self.on_command(self._early_commands.popleft())
-        self.publish_status()
+            self._command_callback(self._early_commands.popleft())
+        self._publish_status_safely()
         last_expiry_check = time.monotonic()
         while not self._stop.is_set():
             try:
@@ -106,22 +141,28 @@ class EdgeSlmNode(Node):
                 self._wake.clear()
             if time.monotonic() - last_expiry_check > 1.0:
                 last_expiry_check = time.monotonic()
-                self._expire_idle_sessions()
+                try:
+                    self._expire_idle_sessions()
+                    self._release_memory_after_growth()
+                except Exception as error:
+                    self.get_logger().error(f"housekeeping failed: {type(error).__name__}: {error}")
 
     def _expire_idle_sessions(self) -> None:
-        timeout = self.settings.session_idle_timeout_s
-        if timeout <= 0:
-            return
-        now = time.monotonic()
-        for session in list(self.engine.sessions.values()):
-            if not session.busy and now - session.last_used > timeout:
-                try:
-                    freed = self.engine.destroy_session(session.session_id)
-                except UnknownSessionError:
-                    continue
-                self.get_logger().info(f"session {session.session_id!r} expired after {timeout:g} s idle, "
-                                       f"{freed} blocks freed")
-                self.publish_status()
+        expired = self.engine.expire_idle_sessions(self.settings.session_idle_timeout_s,
+                                                   self.settings.auto_session_idle_timeout_s)
+        for session_id, idle_s, freed in expired:
+            self.get_logger().info(f"session {session_id!r} expired after {idle_s:.0f} s idle, {freed} blocks freed")
+        if expired:
+            self._status_changed.set()
+
+    def _release_memory_after_growth(self) -> None:
+        """Trim the C heap while the resident size is 16 MiB over its lowest since start (freed
+        client messages otherwise stay resident; a trim costs ~0.1 ms)."""
+        rss = resident_bytes()
+        if rss > self._lowest_rss + TRIM_AFTER_GROWTH_BYTES:
+            release_free_heap()
+            rss = resident_bytes()
+        self._lowest_rss = min(self._lowest_rss, rss)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -138,24 +179,33 @@ class EdgeSlmNode(Node):
             else:
                 self._early_commands.append(command)
             return
-        created = False
+        key = (command.session_id, command.request_id)
         try:
             session_id = convert.check_session_id(command.session_id)
             params = convert.sampling_from_command(command, self.settings.defaults)
-            if session_id not in self.engine.sessions:
-                if not self.settings.auto_create_sessions:
-                    raise UnknownSessionError(f"unknown session {session_id!r} (auto_create_sessions is false)")
-                self.engine.create_session(session_id)
-                created = True
-            self.engine.submit(session_id, command.text, params,
-                               on_event=lambda event, rid=command.request_id: self._on_event(event, rid))
+            created = session_id not in self.engine.sessions
+            if created and not self.settings.auto_create_sessions:
+                raise UnknownSessionError(f"unknown session {session_id!r} (auto_create_sessions is false)")
+            with self._seq_lock:
+                if key in self._in_flight:
+                    raise InvalidRequestError(f"request_id {command.request_id} is already pending on session "
+                                              f"{session_id!r}; use a new request_id per command")
+                self._in_flight.add(key)
+            try:
+                self.engine.submit(session_id, command.text, params,
+                                   on_event=lambda event, k=key: self._on_event(event, k),
+                                   create_if_missing=self.settings.auto_create_sessions,
+                                   owner_key=command.owner_key)
+            except BaseException:
+                with self._seq_lock:
+                    self._in_flight.discard(key)
+                raise
             self._wake.set()
         except (InvalidRequestError, UnknownSessionError) as error:
-            if created:                       # a rejected first command leaves no session behind
-                self.engine.destroy_session(command.session_id)
             self._publish_error(command, str(error))
+            return
         if created:
-            self.publish_status()
+            self._status_changed.set()
 
     def _publish_error(self, command: Command, error: str) -> None:
         self.get_logger().warning(f"command {command.request_id} for session {command.session_id[:64]!r} "
@@ -163,22 +213,28 @@ class EdgeSlmNode(Node):
         self.token_publisher.publish(convert.token_chunk(command.session_id, command.request_id, 0, "",
                                                          finish_reason="error", error=error))
 
-    def _on_event(self, event, request_id: int) -> None:
+    def _on_event(self, event, key: tuple) -> None:
+        """Runs on the engine thread: publish one chunk; a failure is logged, never raised."""
         request = event.request
-        key = request.request_id
-        with self._seq_lock:
-            seq = self._chunk_seq.get(key, 0)
-            self._chunk_seq[key] = seq + 1
-            if event.finish_reason is not None:
-                del self._chunk_seq[key]
-        reason = event.finish_reason.value if event.finish_reason is not None else ""
-        self.token_publisher.publish(convert.token_chunk(request.session_id, request_id, seq, event.text, request,
-                                                         finish_reason=reason, error=event.error))
-        if event.finish_reason is not None:
-            if event.error:
+        request_id = key[1]
+        try:
+            with self._seq_lock:
+                seq = self._chunk_seq.get(request.request_id, 0)
+                self._chunk_seq[request.request_id] = seq + 1
+                if event.finish_reason is not None:
+                    del self._chunk_seq[request.request_id]
+                    self._in_flight.discard(key)
+            reason = event.finish_reason.value if event.finish_reason is not None else ""
+            self.token_publisher.publish(convert.token_chunk(request.session_id, request_id, seq, event.text,
+                                                             request, finish_reason=reason, error=event.error))
+            if event.finish_reason is not None and event.error:
                 self.get_logger().warning(f"request {request_id} of {request.session_id!r} ended "
                                           f"{reason}: {event.error}")
-            self.publish_status()
+        except Exception as error:
+            self.get_logger().error(f"publishing a chunk of request {request_id} of {request.session_id!r} "
+                                    f"failed: {type(error).__name__}: {error}")
+        if event.finish_reason is not None:
+            self._status_changed.set()
 
     # ---- services ----------------------------------------------------------------------------
     def _not_ready(self, response):
@@ -193,7 +249,7 @@ class EdgeSlmNode(Node):
             if request.session_id:
                 convert.check_session_id(request.session_id)
             session = self.engine.create_session(request.session_id, request.system_prompt or None,
-                                                 request.keep_history)
+                                                 request.keep_history, owner_key=request.owner_key)
         except InvalidRequestError as error:
             response.success, response.message = False, str(error)
             self.get_logger().warning(f"create_session refused: {error}")
@@ -203,7 +259,7 @@ class EdgeSlmNode(Node):
         response.shared_blocks = len(session.prefix_ids) // self.engine.config.block_size \
             if session.uses_shared_prefix else 0
         response.message = f"session {session.session_id!r} created"
-        self.publish_status()
+        self._status_changed.set()
         return response
 
     def _session_call(self, response, action, verb: str):
@@ -211,7 +267,7 @@ class EdgeSlmNode(Node):
             return self._not_ready(response)
         try:
             result = action()
-        except UnknownSessionError as error:
+        except (UnknownSessionError, InvalidRequestError) as error:
             response.success, response.message = False, str(error)
             self.get_logger().warning(f"{verb} refused: {error}")
             return response
@@ -221,19 +277,36 @@ class EdgeSlmNode(Node):
             response.message = f"{verb}: {result} blocks freed"
         else:
             response.message = f"{verb}: {'cancelled' if result else 'nothing was running'}"
-        self.publish_status()
+        self._status_changed.set()
         return response
 
     def on_destroy_session(self, request, response):
-        return self._session_call(response, lambda: self.engine.destroy_session(request.session_id), "destroyed")
+        return self._session_call(response, lambda: self.engine.destroy_session(request.session_id, request.owner_key),
+                                  "destroyed")
 
     def on_reset_session(self, request, response):
-        return self._session_call(response, lambda: self.engine.reset_session(request.session_id), "reset")
+        return self._session_call(response, lambda: self.engine.reset_session(request.session_id, request.owner_key),
+                                  "reset")
 
     def on_cancel_generation(self, request, response):
-        return self._session_call(response, lambda: self.engine.cancel(request.session_id), "cancel")
+        return self._session_call(response, lambda: self.engine.cancel(request.session_id, request.owner_key),
+                                  "cancel")
+
+    def _on_set_parameters(self, parameters):
+        """Every parameter is read once at start: a run-time change is refused with the reason
+        (ros2 param get must never report a value the node is not using)."""
+        ours = [p.name for p in parameters if p.name in PARAMETERS]
+        if ours:
+            return SetParametersResult(successful=False, reason=f"{', '.join(ours)}: read at start only; change the "
+                                                                f"parameters file and restart the node")
+        return SetParametersResult(successful=True)
 
     # ---- status ------------------------------------------------------------------------------
+    def _publish_changed_status(self) -> None:
+        if self._status_changed.is_set():
+            self._status_changed.clear()
+            self.publish_status()
+
     def publish_status(self) -> None:
         stamp = self.get_clock().now().to_msg()
         rss = resident_bytes()
@@ -244,6 +317,7 @@ class EdgeSlmNode(Node):
 
 
 def main(args=None):
+    memory_settings = configure_process_memory()      # before the middleware and its threads start
     rclpy.init(args=args)
     node = None
     exit_code = 0
@@ -254,10 +328,18 @@ def main(args=None):
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         node = EdgeSlmNode()
-        executor = MultiThreadedExecutor(num_threads=4)
+        if memory_settings:
+            node.get_logger().info(f"process memory: {', '.join(memory_settings)}")
+        executor = BoundedExecutor(EXECUTOR_THREADS, on_error=lambda error: node.get_logger().error(
+            f"callback: {type(error).__name__}: {error}"))
         executor.add_node(node)
         while rclpy.ok() and not node.fatal_error:
-            executor.spin_once(timeout_sec=0.1)
+            try:
+                executor.spin_once(timeout_sec=0.1)
+            except (KeyboardInterrupt, ExternalShutdownException):
+                raise
+            except Exception as error:         # callbacks are guarded; this is the last line of defence
+                node.get_logger().error(f"executor: {type(error).__name__}: {error}")
         if node.fatal_error:
             exit_code = 1
     except (ConfigError, GGUFError, FileNotFoundError) as error:

@@ -23,9 +23,12 @@ PARAMETERS = {
     "auto_create_sessions": (True, "a command for an unknown session creates it"),
     "status_rate_hz": (1.0, "pool_status and /diagnostics rate"),
     "session_idle_timeout_s": (1800.0, "idle sessions are destroyed after this; 0 = never"),
+    "auto_session_idle_timeout_s": (300.0, "the same for sessions a command created; 0 = never"),
     "num_threads": (2, "compute threads for the model"),
     "lock_memory": (False, "mlock weights + KV pool + buffers (never swapped); needs CAP_IPC_LOCK or RLIMIT_MEMLOCK"),
     "qos_depth": (50, "queue depth of command / tokens topics"),
+    "service_queue_depth": (100, "requests each session service holds (keep-all: none dropped)"),
+    "service_rate_limit_hz": (50.0, "session service calls per second (all services); beyond: an error"),
     "max_queued_requests": (64, "commands waiting for the engine, all sessions"),
     "max_pending_per_session": (8, "commands waiting behind a busy session"),
     "queue_timeout_s": (30.0, "a command waiting longer for KV blocks fails"),
@@ -42,7 +45,10 @@ class NodeSettings:
     auto_create_sessions: bool
     status_rate_hz: float
     session_idle_timeout_s: float
+    auto_session_idle_timeout_s: float
     qos_depth: int
+    service_queue_depth: int
+    service_rate_limit_hz: float
     memory_cap_fraction: float
     memory_reserve_fraction: float
     kv_pool_auto: bool
@@ -56,6 +62,9 @@ def settings_from_values(values: dict) -> NodeSettings:
 
     require("status_rate_hz", 0 < values["status_rate_hz"] <= 100, "must be in (0, 100]")
     require("session_idle_timeout_s", values["session_idle_timeout_s"] >= 0, "must be >= 0 (0 = never)")
+    require("auto_session_idle_timeout_s", values["auto_session_idle_timeout_s"] >= 0, "must be >= 0 (0 = never)")
+    require("service_queue_depth", 1 <= values["service_queue_depth"] <= 100000, "must be in [1, 100000]")
+    require("service_rate_limit_hz", 0 < values["service_rate_limit_hz"] <= 100000, "must be in (0, 100000]")
     require("qos_depth", 1 <= values["qos_depth"] <= 10000, "must be in [1, 10000]")
     require("kv_pool_mb", values["kv_pool_mb"] >= 0, "must be >= 0 (0 = automatic)")
     require("memory_cap_fraction", 0 < values["memory_cap_fraction"] <= 1, "must be in (0, 1]")
@@ -82,6 +91,8 @@ def settings_from_values(values: dict) -> NodeSettings:
     except ValueError as error:
         raise ConfigError(f"default sampling parameters: {error}") from error
     return NodeSettings(engine, defaults, bool(values["auto_create_sessions"]), float(values["status_rate_hz"]),
-                        float(values["session_idle_timeout_s"]), int(values["qos_depth"]),
+                        float(values["session_idle_timeout_s"]), float(values["auto_session_idle_timeout_s"]),
+                        int(values["qos_depth"]), int(values["service_queue_depth"]),
+                        float(values["service_rate_limit_hz"]),
                         float(values["memory_cap_fraction"]), float(values["memory_reserve_fraction"]),
                         kv_pool_auto=values["kv_pool_mb"] == 0)

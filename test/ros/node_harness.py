@@ -57,7 +57,7 @@ class RosClient:
     def __init__(self, node_process: NodeProcess):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
-        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
         from edge_slm_node.msg import Command, PoolStatus, TokenChunk
         from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, ResetSession
@@ -70,8 +70,10 @@ class RosClient:
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
+        # keep-all: a checker that falls behind must not lose chunks in its own reader
+        every_chunk = QoSProfile(depth=1000, history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
         self.chunks, self.pools, self.diagnostics = [], [], []
-        self.node.create_subscription(TokenChunk, "tokens", self.chunks.append, qos)
+        self.node.create_subscription(TokenChunk, "tokens", self.chunks.append, every_chunk)
         self.node.create_subscription(PoolStatus, "pool_status", self.pools.append, 100)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self.diagnostics.append, 100)
         self.command_publisher = self.node.create_publisher(Command, "command", qos)
