@@ -127,15 +127,16 @@ class Engine:
             if len(prefix) >= self.max_context:
                 raise InvalidRequestError(f"system prompt is {len(prefix)} tokens, context limit {self.max_context}")
             if len(self.sessions) >= self.config.max_sessions:
-                self._evict_for(session_id)
+                self._evict_for(session_id, bool(owner_key))
             session = Session(session_id, system_prompt, prefix, shared, keep_history, owner_key, auto_created)
             self.sessions[session_id] = session
             return session
 
-    def _evict_for(self, session_id: str) -> None:
-        victim = eviction_victim(self.sessions.values(), self._in_forward)
+    def _evict_for(self, session_id: str, owned: bool) -> None:
+        victim = eviction_victim(self.sessions.values(), self._in_forward, for_owned=owned)
         if victim is None:
-            raise InvalidRequestError(f"max_sessions={self.config.max_sessions} reached and every session is busy")
+            which = "session is busy" if owned else "session without an owner_key is busy (owned ones are kept)"
+            raise InvalidRequestError(f"max_sessions={self.config.max_sessions} reached and every {which}")
         freed = self.destroy_session(victim.session_id, victim.owner_key)
         self.sessions_evicted += 1
         log.info("session %r evicted for %r (max_sessions=%d reached; it was idle %.0f s, %s, %d blocks freed)",

@@ -42,13 +42,14 @@ class Session:
             raise SessionOwnershipError(f"session {self.session_id!r} is owned; the call carried {what}")
 
 
-def eviction_victim(sessions: Iterable[Session], in_forward: set) -> Optional[Session]:
-    """The idle session to give up when max_sessions is reached, or None if all are busy.
+def eviction_victim(sessions: Iterable[Session], in_forward: set, for_owned: bool) -> Optional[Session]:
+    """The idle session to give up when max_sessions is reached, or None.
 
-    Cheapest loss first: sessions without an owner key before owned ones, then those never
-    used for a turn, then auto-created ones; least recently used within each. So a burst of
-    anonymous sessions evicts its own kind before an operator's owned conversation."""
-    idle = [s for s in sessions if not s.busy and s.session_id not in in_forward]
+    Owned sessions are evicted only to make room for another owned session, so a flood of
+    anonymous sessions (commands to new ids, create_session without a key) can take only its
+    own kind. Cheapest loss first: unowned before owned, never used for a turn before used,
+    auto-created before created; least recently used within each."""
+    idle = [s for s in sessions if not s.busy and s.session_id not in in_forward and (for_owned or not s.owner_key)]
     if not idle:
         return None
     return min(idle, key=lambda s: (bool(s.owner_key), bool(s.messages), not s.auto_created, s.last_used))

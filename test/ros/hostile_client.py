@@ -7,7 +7,7 @@ Modes (each loops for S seconds, then waits for its service answers and prints o
   race       create / destroy / reset / cancel calls and commands on one shared session, no waiting
   inject     commands whose text forges chat turns with control-token strings
   oversized  commands with 1 MB texts and maximal or over-long stop strings
-  flood      commands to ever new session ids (auto-create), as fast as it can
+  flood      commands to ever new session ids (auto-create), ~200 a second
   slots      create_session calls for ever new ids, as fast as it can
 Request ids are first-id, first-id+1, ...: the caller checks each got exactly one final chunk.
 """
@@ -106,6 +106,7 @@ class Hostile:
 
     def flood(self) -> None:
         self.command(f"flood-{self.next_id}", "Say hi.", max_new_tokens=1)
+        time.sleep(0.005)              # ~200 commands/s: more than the tokens topic's depth per second
 
     def slots(self) -> None:
         self.call("create_session", session_id=f"grab-{self.args.first_id}-{len(self.futures)}")

@@ -127,6 +127,10 @@ class RosClient:
         return self.chunks_of(request_id)
 
     def latest_pool(self):
+        """The first pool_status published after this call (older ones may still be queued)."""
+        asked = time.time()
+        self.spin_until(lambda: self.pools and self.pools[-1].stamp.sec + self.pools[-1].stamp.nanosec * 1e-9 >= asked,
+                        REPLY_TIMEOUT_S, "a pool_status published after asking")
         return self.pools[-1]
 
     def wait_pool(self, predicate, what, timeout_s=REPLY_TIMEOUT_S):

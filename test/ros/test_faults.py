@@ -22,7 +22,7 @@ def release(client, session_id):
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory, ros_env_module):
     with running_node(tmp_path_factory.mktemp("faults"), ros_env_module, max_sessions=4, max_new_tokens=200,
-                      session_idle_timeout_s=20.0, max_context_tokens=640, kv_pool_mb=32.0,
+                      session_idle_timeout_s=20.0, auto_session_idle_timeout_s=20.0, max_context_tokens=640, kv_pool_mb=32.0,
                       max_pending_per_session=4, max_queued_requests=16, max_input_chars=1000) as client:
         yield client
 

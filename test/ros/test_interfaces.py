@@ -155,7 +155,7 @@ def test_message_defaults_match_the_contract(ros_interfaces):
     assert (command.top_p, command.seed, list(command.stop)) == (-1.0, -1, [])
     assert TokenChunk().done is False
     for service in (DestroySession, ResetSession):
-        assert service.Request.get_fields_and_field_types() == {'session_id': 'string'}
+        assert service.Request.get_fields_and_field_types() == {'session_id': 'string', 'owner_key': 'string'}
         assert service.Response.get_fields_and_field_types() == {
             'success': 'boolean', 'message': 'string', 'freed_blocks': 'uint32'}
     assert CancelGeneration.Response.get_fields_and_field_types() == {

@@ -64,7 +64,7 @@ def test_two_sessions_stream_concurrently(node_client):
 
 def test_bad_requests_get_clear_errors_and_node_keeps_serving(node_client):
     c = node_client
-    before = c.latest_pool()
+    before = c.wait_pool(lambda p: not p.sessions and p.queue_length == 0, "an idle pool")
     gone = c.call("destroy_session", session_id="never-created")
     assert not gone.success and "unknown session 'never-created'" in gone.message
     assert not c.call("reset_session", session_id="never-created").success
