@@ -1,6 +1,7 @@
 # Source this file (bash or sh): `. scripts/env.sh`
-# Puts the repo's .venv, the colcon install space of this package and the source tree
-# (first, so edits to Python sources are live) on the search paths.
+# Puts the repo's .venv (with `ros2` when scripts/setup.sh installed the ROS 2 command line),
+# the colcon install spaces (this package; composition_interfaces for `ros2 launch`) and the
+# source tree (first, so edits to Python sources are live) on the search paths.
 if [ -n "${BASH_SOURCE:-}" ]; then
     EDGE_SLM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 elif [ -z "${EDGE_SLM_ROOT:-}" ]; then
@@ -32,6 +33,15 @@ _esn_prepend() {
 
 export VIRTUAL_ENV="$_esn_venv"
 _esn_prepend PATH "$_esn_venv/bin"
+# launch_ros imports composition_interfaces, built by setup.sh step 7 when the ROS 2 tools are there
+_esn_iface="$EDGE_SLM_ROOT/install/composition_interfaces"
+if [ -d "$_esn_iface" ]; then
+    _esn_prepend AMENT_PREFIX_PATH "$_esn_iface"
+    _esn_prepend LD_LIBRARY_PATH "$_esn_iface/lib"
+    for _esn_d in "$_esn_iface"/lib/python3*/site-packages; do
+        [ -d "$_esn_d" ] && _esn_prepend PYTHONPATH "$_esn_d"
+    done
+fi
 _esn_prepend AMENT_PREFIX_PATH "$_esn_venv"
 _esn_prepend AMENT_PREFIX_PATH "$_esn_prefix"
 _esn_prepend CMAKE_PREFIX_PATH "$_esn_venv"
@@ -41,5 +51,5 @@ _esn_prepend LD_LIBRARY_PATH "$_esn_prefix/lib"
 _esn_prepend PYTHONPATH "$_esn_site"
 _esn_prepend PYTHONPATH "$EDGE_SLM_ROOT"
 export RMW_IMPLEMENTATION="${RMW_IMPLEMENTATION:-rmw_fastrtps_cpp}"
-unset _esn_venv _esn_prefix _esn_site _esn_d _esn_old _esn_new _esn_ifs _esn_p
+unset _esn_venv _esn_iface _esn_prefix _esn_site _esn_d _esn_old _esn_new _esn_ifs _esn_p
 unset -f _esn_prepend

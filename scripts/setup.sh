@@ -6,7 +6,10 @@
 #   4. colcon-builds this package (interfaces) into build/ and install/
 #   5. console entries edge-slm, edge_slm_node, edge_slm_client in .venv/bin
 #   6. numba kernels compiled once into their on-disk cache (first start then takes seconds)
-# Afterwards `. scripts/env.sh` gives a shell everything. FORCE=1 redoes steps 2-5.
+#   7. `ros2 launch` and the `ros2` command line from ../shared/ros2-src (or $EDGE_SLM_ROS2_SRC)
+#      when that folder exists: pip-installed from its unmodified upstream sources, plus
+#      composition_interfaces built with colcon; skipped (and said so) in a bare clone
+# Afterwards `. scripts/env.sh` gives a shell everything. FORCE=1 redoes steps 2-5 and 7.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -180,6 +183,70 @@ if [ "$FORCE" = 1 ] || [ ! -f "$KERNEL_STAMP" ] || [ "$(cat "$KERNEL_STAMP")" !=
         --ignore-eos "Spindle 2 alarm 108: what first?" >/dev/null
     mkdir -p "$BUILD_BASE"
     printf '%s\n' "$kernel_key" > "$KERNEL_STAMP"
+fi
+
+# --- 7. ROS 2 launch and command-line tools ------------------------------------------------
+# Pure Python, but not on the package index: installed (--no-deps, into .venv) from the shared
+# snapshot of their upstream repositories, never copied into this repository. launch_ros needs
+# composition_interfaces, which no wheel provides: built with colcon like step 4 (lifecycle_msgs,
+# action_msgs come as wheels with rclpy).
+ROS2_SRC="${EDGE_SLM_ROS2_SRC:-$ROOT/../shared/ros2-src}"
+ROS2_TOOLS=(launch launch_xml launch_yaml launch_ros ros2launch ros2cli ros2topic ros2service ros2param
+            ros2node ros2lifecycle ros2run ros2pkg ros2interface rosidl_runtime_py)
+ROS2_TOOL_DEPS=(osrf-pycommon lark argcomplete packaging importlib-metadata catkin-pkg setuptools wheel)
+TOOLS_STAMP="$VENV/.edge_slm_ros2_tools.stamp"
+ros2_tools_work() {  # -> 0 if the installed tools import and `ros2` runs a node with this rclpy
+    "$VPY" -c 'import launch, launch_xml, launch_yaml, ros2cli, ros2lifecycle.api, ros2param.api, rosidl_runtime_py' \
+        2>/dev/null && ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST timeout 60 "$VENV/bin/ros2" topic list --no-daemon >/dev/null 2>&1
+}
+if [ -d "$ROS2_SRC" ]; then
+    ROS2_SRC="$(cd "$ROS2_SRC" && pwd)"
+    # the snapshot made for the installed rclpy first: Jazzy is rclpy 7, Kilted/rolling 8 and later
+    rclpy_major="$("$VPY" -c 'import importlib.metadata as m; print(m.version("ros-rclpy").split(".")[0])' 2>/dev/null || echo 0)"
+    if [ "$rclpy_major" -ge 8 ]; then flavors=(rolling jazzy); else flavors=(jazzy rolling); fi
+    [ -z "${EDGE_SLM_ROS2_FLAVOR:-}" ] || flavors=("$EDGE_SLM_ROS2_FLAVOR")
+    tools_key="$ROS2_SRC ${flavors[*]} $(cat "$ROS2_SRC"/*/*/package.xml 2>/dev/null | sha256sum | cut -d' ' -f1)"
+    if [ "$FORCE" = 1 ] || [ ! -f "$TOOLS_STAMP" ] || [ "$(cat "$TOOLS_STAMP")" != "$tools_key" ] \
+        || [ ! -x "$VENV/bin/ros2" ]; then
+        "$VPY" -m pip install -q --disable-pip-version-check "${ROS2_TOOL_DEPS[@]}"
+        chosen=""
+        for flavor in "${flavors[@]}"; do
+            [ -d "$ROS2_SRC/$flavor/launch_ros" ] || continue
+            log "pip install ros2 launch + CLI from $ROS2_SRC/$flavor"
+            "$VPY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+                "${ROS2_TOOLS[@]/#/$ROS2_SRC/$flavor/}"
+            if ros2_tools_work; then chosen="$flavor"; break; fi
+            log "the $flavor snapshot does not work with this rclpy; trying the next"
+        done
+        [ -n "$chosen" ] || die "no snapshot in $ROS2_SRC works with the installed rclpy"
+        printf '%s' "$chosen" > "$VENV/.edge_slm_ros2_flavor"
+        printf '%s' "$tools_key" > "$TOOLS_STAMP"
+    fi
+    flavor="$(cat "$VENV/.edge_slm_ros2_flavor")"
+    IFACE_STAMP="$BUILD_BASE/ros2/.composition_interfaces.stamp"
+    iface_key="$ROS2_SRC/$flavor $(cat "$ROS2_SRC/$flavor/composition_interfaces/package.xml" | sha256sum | cut -d' ' -f1)"
+    if [ "$FORCE" = 1 ] || [ ! -f "$IFACE_STAMP" ] || [ "$(cat "$IFACE_STAMP")" != "$iface_key" ] \
+        || [ "$PIP_STAMP" -nt "$IFACE_STAMP" ] \
+        || [ ! -f "$INSTALL_BASE/composition_interfaces/share/composition_interfaces/package.xml" ]; then
+        log "colcon build composition_interfaces (for launch_ros; ~30 s)"
+        mkdir -p "$BUILD_BASE/ros2"
+        (
+            cd "$ROOT"
+            unset AMENT_PREFIX_PATH CMAKE_PREFIX_PATH COLCON_PREFIX_PATH PYTHONPATH
+            export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV" PATH="$VENV/bin:$PATH"
+            "$VENV/bin/colcon" --log-base "$ROOT/log" build \
+                --base-paths "$ROS2_SRC/$flavor/composition_interfaces" \
+                --build-base "$BUILD_BASE/ros2" --install-base "$INSTALL_BASE" \
+                --cmake-args "-DPython3_EXECUTABLE=$VPY" -DBUILD_TESTING=OFF \
+                > "$BUILD_BASE/ros2/colcon_build.log" 2>&1 \
+                || { tail -n 60 "$BUILD_BASE/ros2/colcon_build.log" >&2; die "colcon build of composition_interfaces failed (log: $BUILD_BASE/ros2/colcon_build.log)"; }
+        )
+        printf '%s' "$iface_key" > "$IFACE_STAMP"
+    fi
+    log "ros2 launch and the ros2 command line: from the $flavor snapshot ($ROS2_SRC/$flavor)"
+else
+    log "skipped: ros2 launch and the ros2 command line (no $ROS2_SRC; set EDGE_SLM_ROS2_SRC to a"
+    log "         ros2-src snapshot, or use a ROS 2 distribution); the node still runs via scripts/run.sh"
 fi
 
 log "ready (. scripts/env.sh)"
