@@ -118,7 +118,7 @@ fi
 # through build/src/edge_slm_node -> repo root: CMake's source dir is then that path and
 # the venv is outside it. A ROS 2 user's plain `colcon build` in ws/src is unaffected.
 BUILD_STAMP="$BUILD_BASE/.edge_slm_build.stamp"
-build_inputs=(CMakeLists.txt package.xml msg srv scripts/edge_slm_node scripts/edge_slm_client)
+build_inputs=(CMakeLists.txt package.xml msg srv action scripts/edge_slm_node scripts/edge_slm_client)
 for optional in launch config; do
     [ -e "$ROOT/$optional" ] && build_inputs+=("$optional")
 done

@@ -4,8 +4,6 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-
 from edge_slm_node.msg import PoolStatus, SessionStatus, TokenChunk
 
 from ..engine.sampling import InvalidRequestError, SamplingParams
@@ -65,28 +63,3 @@ def pool_status(stats, stamp, rss_bytes: int) -> PoolStatus:
                                       shared_blocks=s.shared_blocks, state=s.state, owned=s.owned,
                                       auto_created=s.auto_created) for s in stats.sessions]
     return message
-
-
-def diagnostics(stats, stamp, node_name: str, state: str, rss_bytes: int) -> DiagnosticArray:
-    """One status for rqt_robot_monitor: OK, WARN (pool > 80 % or requests waiting), ERROR (> 95 % or failed)."""
-    status = DiagnosticStatus(name=f"{node_name}: KV pool", hardware_id=node_name)
-    if state != "ready" or stats is None:
-        status.level = DiagnosticStatus.ERROR if state.startswith("failed") else DiagnosticStatus.WARN
-        status.message = state
-    elif stats.usage_ratio > 0.95:
-        status.level, status.message = DiagnosticStatus.ERROR, f"KV pool {stats.usage_ratio:.0%} used"
-    elif stats.usage_ratio > 0.80 or stats.queue_length > 0:
-        status.level = DiagnosticStatus.WARN
-        status.message = f"KV pool {stats.usage_ratio:.0%} used, {stats.queue_length} queued"
-    else:
-        status.level, status.message = DiagnosticStatus.OK, f"KV pool {stats.usage_ratio:.0%} used"
-    values = {"state": state, "rss_mb": f"{rss_bytes / 2**20:.1f}"}
-    if stats is not None:
-        values.update(total_blocks=stats.total_blocks, free_blocks=stats.free_blocks, used_blocks=stats.used_blocks,
-                      cached_blocks=stats.cached_blocks, shared_blocks=stats.shared_blocks,
-                      queue_length=stats.queue_length, sessions=len(stats.sessions), preemptions=stats.preemptions,
-                      locked_mb=f"{stats.locked_bytes / 2**20:.1f}")
-    status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
-    array = DiagnosticArray(status=[status])
-    array.header.stamp = stamp
-    return array

@@ -60,6 +60,22 @@ def guarded_timer(logger, name: str, handler: Callable) -> Callable:
     return callback
 
 
+def guarded_call(logger, name: str, handler: Callable, on_failure: Callable) -> Callable:
+    """handler(*args) -> value; a failure is logged and answered by on_failure(*args, text)
+    (action callbacks: a rejected goal or cancel, an aborted goal with the reason as result)."""
+    def callback(*args):
+        try:
+            return handler(*args)
+        except Exception as error:
+            logger.error(f"{name} callback failed: {_describe(error)}\n{traceback.format_exc()}")
+            try:
+                return on_failure(*args, f"internal error in {name}: {_describe(error)}")
+            except Exception as answer_error:
+                logger.error(f"{name}: could not answer the client either: {_describe(answer_error)}")
+                return None
+    return callback
+
+
 class RateLimiter:
     """Token bucket shared by the session services: `rate_hz` calls per second on average,
     bursts of up to one second's worth. Thread-safe."""
@@ -69,6 +85,11 @@ class RateLimiter:
         self._tokens = rate_hz
         self._last = time.monotonic()
         self._lock = threading.Lock()
+
+    def set_rate(self, rate_hz: float) -> None:
+        with self._lock:
+            self.rate_hz = rate_hz
+            self._tokens = min(self._tokens, rate_hz)
 
     def allow(self) -> bool:
         with self._lock:

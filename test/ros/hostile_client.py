@@ -120,6 +120,9 @@ class Hostile:
         wait_until = time.monotonic() + 180
         while not all(f.done() for f in self.futures) and time.monotonic() < wait_until:
             self.rclpy.spin_once(self.node, timeout_sec=0.05)
+        # a 1 MB command is many fragments: exiting before the node acknowledged them loses it
+        from rclpy.duration import Duration
+        self.publisher.wait_for_all_acked(Duration(seconds=60))
         answers = [f.result() for f in self.futures if f.done()]
         return {"mode": self.args.mode, "sent": self.sent, "calls": len(self.futures), "answers": len(answers),
                 "refused": sum(1 for a in answers if not a.success), "blocked": self.blocked,
