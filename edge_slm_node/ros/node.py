@@ -271,6 +271,10 @@ def main(args=None):
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        # `ros2 launch` forwards the SIGINT that Ctrl-C already sent the whole process group: a
+        # second signal must not interrupt the clean-up
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if node is not None:
             node.stop()
             node.destroy_node()

@@ -54,7 +54,7 @@ class NodeProcess:
 class RosClient:
     """An rclpy node in a private context with helpers that spin until something happens."""
 
-    def __init__(self, node_process: NodeProcess):
+    def __init__(self, node_process, namespace: str = ""):
         import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
@@ -66,7 +66,7 @@ class RosClient:
         self.node_process = node_process
         self.context = rclpy.Context()
         rclpy.init(context=self.context, domain_id=int(node_process.env.get("ROS_DOMAIN_ID", "0")))   # ROS default: 0
-        self.node = rclpy.create_node("edge_slm_test_client", context=self.context)
+        self.node = rclpy.create_node("edge_slm_test_client", namespace=namespace or None, context=self.context)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)
