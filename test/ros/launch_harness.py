@@ -13,7 +13,7 @@ import psutil
 from node_harness import REPO
 
 CLI_TIMEOUT_S = 60.0
-DISCOVERY_SPIN_S = 2.0
+DISCOVERY_SPIN_S = (2.0, 3.0, 5.0, 8.0)    # longer on each try
 
 
 def ros2_missing_reason() -> str:
@@ -82,15 +82,15 @@ def ros2(env: dict, *args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.Co
     """One `ros2` command line, as a user types it; -> the finished process (stdout, stderr).
 
     Without the daemon (which would outlive the test) a verb sees only what it discovers in its
-    --spin-time: give it 2 s, and try again if it found no node in that time."""
-    command = ["ros2", *args]
-    if "--no-daemon" in command and "echo" not in command:
-        command[command.index("--no-daemon") + 1:1] = ["--spin-time", str(DISCOVERY_SPIN_S)]
-    for _ in range(4):
+    --spin-time: give it 2 s, and more on each try while it finds no node."""
+    for spin_s in DISCOVERY_SPIN_S:
+        command = ["ros2", *args]
+        if "--no-daemon" in command and "echo" not in command:
+            command[command.index("--no-daemon") + 1:1] = ["--spin-time", str(spin_s)]
         result = subprocess.run(command, env=env, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True,
                                 text=True, timeout=timeout)
-        if "Node not found" not in result.stderr and "not found" not in result.stdout[:200]:
-            return result
+        if "Node not found" not in result.stderr + result.stdout:
+            break
     return result
 
 
