@@ -35,10 +35,10 @@ def assert_transition(env, node, name, figures, launched):
     assert ok, f"{name}: {output}\n{launched.log()[-3000:]}"
 
 
-def node_log_seconds(launched, name):
+def node_log_seconds(launched, name, occurrence):
     """The node's own timing of a transition (its log: `configure: 2.51 s, RSS ...`)."""
     lines = [line for line in launched.log().splitlines() if f"]: {name}: " in line]
-    return float(lines[-1].split(f"]: {name}: ")[1].split(" s,")[0]) if lines else None
+    return float(lines[occurrence].split(f"]: {name}: ")[1].split(" s,")[0]) if len(lines) > occurrence else None
 
 
 def test_lifecycle_transitions_and_their_cost(tmp_path, ros_env_module):
@@ -99,9 +99,14 @@ def test_lifecycle_transitions_and_their_cost(tmp_path, ros_env_module):
         assert ok, output
         launched.process.wait(timeout=30)                  # finalized: the node exits, and launch with it
         assert "process has finished cleanly" in launched.log()
+        seen = []
         for figure in figures:
-            figure["node_s"] = node_log_seconds(launched, figure["transition"].split()[0])
-        print("\nlifecycle figures:", json.dumps(figures), f"(configure +{configured} MiB, cleanup -{released} MiB)")
+            name = figure["transition"].split()[0]
+            figure["node_s"] = node_log_seconds(launched, name, seen.count(name))
+            seen.append(name)
+        print(f"\nlifecycle figures (configure +{configured} MiB, cleanup -{released} MiB):")
+        for figure in figures:
+            print("  " + json.dumps(figure))
     finally:
         client.close()
         launched.stop()
