@@ -213,8 +213,14 @@ if [ -d "$ROS2_SRC" ]; then
         for flavor in "${flavors[@]}"; do
             [ -d "$ROS2_SRC/$flavor/launch_ros" ] || continue
             log "pip install ros2 launch + CLI from $ROS2_SRC/$flavor"
+            # pip builds a local folder in place (build/, *.egg-info): build copies, in a temporary
+            # folder outside the repository, so the shared snapshot stays untouched (and may be read-only)
+            copies="$(mktemp -d)"
+            for tool in "${ROS2_TOOLS[@]}"; do cp -R "$ROS2_SRC/$flavor/$tool" "$copies/$tool"; done
+            chmod -R u+w "$copies"
             "$VPY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-                "${ROS2_TOOLS[@]/#/$ROS2_SRC/$flavor/}"
+                "${ROS2_TOOLS[@]/#/$copies/}" || { rm -rf "$copies"; die "pip install of the ROS 2 tools failed"; }
+            rm -rf "$copies"
             if ros2_tools_work; then chosen="$flavor"; break; fi
             log "the $flavor snapshot does not work with this rclpy; trying the next"
         done
