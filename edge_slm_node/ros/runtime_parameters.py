@@ -26,7 +26,7 @@ class RuntimeParameters:
         values.update(changes)
         try:
             runtime = runtime_from_values(values)
-        except ConfigError as error:
+        except (ConfigError, TypeError, ValueError) as error:      # no client value may raise out of here
             self.node.get_logger().warning(f"parameter change refused: {error}")
             return SetParametersResult(successful=False, reason=str(error))
         self.apply(runtime)

@@ -121,3 +121,26 @@ def _diagnostic_value(client, key):
                 if item.key == key:
                     return item.value
     return None
+
+
+def test_command_sent_while_autostart_configures_is_served(tmp_path, ros_env_module):
+    """The command topic exists from the start; what arrives before the engine is ready is held, then served."""
+    from node_harness import NodeProcess, RosClient
+    env = dict(ros_env_module, ROS_DOMAIN_ID=str(int(ros_env_module["ROS_DOMAIN_ID"]) + 6))
+    node = NodeProcess(write_params(tmp_path, max_context_tokens=640), env)
+    client = RosClient(node)
+    try:
+        client.spin_until(lambda: client.command_publisher.get_subscription_count() > 0
+                          and client.node.count_publishers("tokens") > 0, 60, "the command topic")
+        client.send("early", "Say hi.", 1, max_new_tokens=2)
+        sent_before_ready = not any(p.total_blocks > 0 for p in client.pools)
+        chunks = client.wait_done(1)
+        assert chunks[-1].finish_reason in ("length", "stop"), chunks[-1]
+        assert_well_formed(chunks)
+        log = node.log()
+        assert "configure: " in log and "activate: " in log
+        if not sent_before_ready:
+            pytest.skip("the engine was ready before the command went out (nothing was held)")
+    finally:
+        client.close()
+        node.stop()
