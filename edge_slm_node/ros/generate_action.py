@@ -82,8 +82,9 @@ class GenerateServer:
             if engine is None:
                 return self._finish(goal_handle, result, "error", refusal)
             try:
-                created = self.commands.submit(engine, goal, result.request_id,
-                                               lambda event, key: events.put((event, key)))
+                # the final error is read when the event happens: a transition's reason is set only meanwhile
+                created = self.commands.submit(engine, goal, result.request_id, lambda event, key: events.put(
+                    (event, key, self.commands.final_error(event))))
             except (InvalidRequestError, UnknownSessionError) as error:
                 return self._finish(goal_handle, result, "error", str(error))
         if created:
@@ -91,7 +92,7 @@ class GenerateServer:
         pieces = []
         while True:
             try:
-                event, key = events.get(timeout=EVENT_POLL_S)
+                event, key, final_error = events.get(timeout=EVENT_POLL_S)
             except queue.Empty:
                 if self.node.host.engine is not engine:      # released under it: no final event will come
                     return self._finish(goal_handle, result, "error", "engine released", "".join(pieces))
@@ -112,8 +113,7 @@ class GenerateServer:
                 result.ttft_ms = float(request.ttft_ms)
                 result.decode_tokens_per_s = float(request.decode_tokens_per_s)
                 self.node.status_changed()
-                return self._finish(goal_handle, result, event.finish_reason.value, self.commands.final_error(event),
-                                    "".join(pieces))
+                return self._finish(goal_handle, result, event.finish_reason.value, final_error, "".join(pieces))
 
     def _finish(self, goal_handle, result, finish_reason: str, error: str, text: str = ""):
         result.finish_reason, result.error, result.text = finish_reason, error, text

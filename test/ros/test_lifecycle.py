@@ -71,11 +71,24 @@ def test_lifecycle_transitions_and_their_cost(tmp_path, ros_env_module):
         assert client.wait_done(3)[-1].finish_reason in ("length", "stop")
 
         client.send("lc", LONG_ANSWER, 4, max_new_tokens=1500)      # ~20 s: still decoding when deactivated
+        from action_msgs.msg import GoalStatus
+        from rclpy.action import ActionClient
+
+        from edge_slm_node.action import Generate
+        actions = ActionClient(client.node, Generate, "generate")
+        client.spin_until(actions.server_is_ready, REPLY_TIMEOUT_S, "the generate action server")
+        sent = actions.send_goal_async(Generate.Goal(session_id="lc-goal", text=LONG_ANSWER, max_new_tokens=1500))
+        client.spin_until(sent.done, REPLY_TIMEOUT_S, "the goal accepted")
+        goal_result = sent.result().get_result_async()
         client.spin_until(lambda: len(client.chunks_of(4)) >= 3, 120, "the long answer decoding")
         assert_transition(env, node, "deactivate", figures, launched)
         ended = client.wait_done(4)
         assert ended[-1].finish_reason == "cancelled" and "deactivated" in ended[-1].error
         assert [c.seq for c in ended] == list(range(len(ended)))
+        client.spin_until(goal_result.done, REPLY_TIMEOUT_S, "the goal's result")
+        assert goal_result.result().status == GoalStatus.STATUS_ABORTED
+        assert "deactivated" in goal_result.result().result.error, goal_result.result().result
+        actions.destroy()
         client.send("lc", "Say hi.", 5)
         assert "inactive" in client.wait_done(5)[-1].error
 
