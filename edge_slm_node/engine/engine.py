@@ -226,8 +226,15 @@ class Engine:
                 raise InvalidRequestError("empty prompt: text has no non-whitespace character")
             if len(text) > self.config.max_input_chars:
                 raise InvalidRequestError(f"prompt has {len(text)} characters, limit max_input_chars={self.config.max_input_chars}")
-            if len(self.queue) >= self.config.max_queued_requests:
-                raise InvalidRequestError(f"engine queue full ({len(self.queue)} requests, max_queued_requests={self.config.max_queued_requests})")
+            # a quarter of the queue is kept for owned sessions: a flood of anonymous commands
+            # (new session ids, no key) cannot lock an operator out
+            session = self.sessions.get(session_id)
+            owned = bool(session.owner_key) if session is not None else bool(owner_key)
+            limit = self.config.max_queued_requests if owned else max(1, self.config.max_queued_requests * 3 // 4)
+            if len(self.queue) >= limit:
+                held = "" if owned else " for sessions without an owner_key"
+                raise InvalidRequestError(f"engine queue full{held} ({len(self.queue)} requests waiting, "
+                                          f"max_queued_requests={self.config.max_queued_requests})")
             cost = held_bytes(text, params)
             held = sum(r.held_bytes for r in self.queue)
             if held + cost > self.config.max_queued_bytes:
