@@ -42,7 +42,7 @@ def one_run(engine, args) -> dict:
     figures = {"ttft_s": operator.first_token_at - submitted, "answer_s": operator.finished_at - submitted,
                "busy_tokens": sum(len(r.generated_ids) for r in busy + waiting),
                "suspensions": sum(r.suspensions for r in busy + waiting),
-               "preemptions": engine.preemptions}
+               "preemptions": engine.stats().preemptions}
     for name in list(engine.sessions):
         engine.destroy_session(name)
     return figures

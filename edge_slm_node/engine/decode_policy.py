@@ -1,4 +1,4 @@
-"""How a decode-only step runs (split over threads, on one thread, or on the thread pool), from measured times."""
+"""How a decode-only step runs (split over threads or on one thread), from measured step times."""
 from __future__ import annotations
 
 import enum
@@ -10,7 +10,6 @@ from typing import Optional
 class DecodeWay(str, enum.Enum):
     SPLIT = "split"              # sequences in parts, one per thread, each part's layers in one kernel call
     ONE_THREAD = "one thread"    # all sequences on the engine thread, layers in one kernel call
-    POOL = "thread pool"         # the Python layer loop, big kernels on numba's thread pool
 
 
 class DecodePolicy:
@@ -38,15 +37,15 @@ class DecodePolicy:
         self._state: dict = {}           # sequences -> _Choice
 
     @staticmethod
-    def ways(sequences: int, can_split: bool, has_pool: bool) -> tuple:
-        """The candidates: 2+ sequences split when there are side threads (then the pool, never
-        faster than split for decode here, is left out); one thread always; else the pool if any."""
+    def ways(sequences: int, can_split: bool) -> tuple:
+        """The candidates: split for 2+ sequences when there are side threads; one thread always.
+        (The thread pool, a wake-up per kernel, never won a decode step here: README, "Threads".)"""
         if can_split and sequences >= 2:
             return (DecodeWay.SPLIT, DecodeWay.ONE_THREAD)
-        return (DecodeWay.ONE_THREAD, DecodeWay.POOL) if has_pool else (DecodeWay.ONE_THREAD,)
+        return (DecodeWay.ONE_THREAD,)
 
-    def choose(self, sequences: int, can_split: bool, has_pool: bool) -> DecodeWay:
-        ways = self.ways(sequences, can_split, has_pool)
+    def choose(self, sequences: int, can_split: bool) -> DecodeWay:
+        ways = self.ways(sequences, can_split)
         if self.forced is not None:
             return self.forced if self.forced is not DecodeWay.SPLIT or ways[0] is DecodeWay.SPLIT \
                 else DecodeWay.ONE_THREAD

@@ -29,13 +29,14 @@ from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, R
 
 from ..engine.config import ConfigError
 from ..engine.engine import Engine, UnknownSessionError
-from ..engine.memory import MemoryBudgetError, check_memory_budget, release_free_heap, resident_bytes
+from ..engine.memory import release_free_heap, resident_bytes
 from ..engine.memory_lock import MemoryLockError
 from ..engine.sampling import InvalidRequestError
 from ..model.gguf_file import GGUFError, GGUFFile
 from ..model.loader import default_model_path
 from . import convert
 from .executor import BoundedExecutor
+from .memory_budget import MemoryBudgetError, check_memory_budget
 from .guard import RateLimiter, forward_engine_log, guarded_service, guarded_subscription, guarded_timer, rate_limited
 from .process_memory import configure_process_memory
 from .params import PARAMETERS, NodeSettings, settings_from_values

@@ -65,9 +65,9 @@ def test_eviction_takes_the_cheapest_idle_session_and_never_an_owned_one_for_ano
     engine.sessions["used"].messages.append({"role": "user", "content": "x"})
     engine.create_session("empty")
     engine.create_session("new-1")                         # evicts the unused, unowned one
-    assert sorted(engine.sessions) == ["new-1", "owned", "used"] and engine.sessions_evicted == 1
+    assert sorted(engine.sessions) == ["new-1", "owned", "used"] and engine.stats().sessions_evicted == 1
     engine.create_session("new-2")                         # unused again before used
-    assert sorted(engine.sessions) == ["new-2", "owned", "used"] and engine.sessions_evicted == 2
+    assert sorted(engine.sessions) == ["new-2", "owned", "used"] and engine.stats().sessions_evicted == 2
     engine.submit("used", "busy", SamplingParams())
     engine.submit("new-2", "busy", SamplingParams())
     with pytest.raises(InvalidRequestError, match="owned ones are kept"):

@@ -16,7 +16,7 @@ BLOCK = 4
 def run_paged(model, token_ids, chunks, parallel=True):
     """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token."""
     config = model.config
-    arena = KVArena(config, num_blocks=32, block_size=BLOCK)
+    arena = KVArena(config.num_layers, config.num_kv_heads, config.head_dim, num_blocks=32, block_size=BLOCK)
     transformer = Transformer(config, model.weights, max_batch_tokens=64, max_context=128, max_logits_rows=64)
     table = np.random.default_rng(0).permutation(32).astype(np.int32)[None, :]
     logits, start = [], 0
@@ -72,7 +72,7 @@ def test_single_threaded_layers_equal_the_python_layer_loop(tmp_path, arch, weig
 def test_single_threaded_layers_check_the_context(tmp_path):
     model = load_model(str(write_tiny_model(tmp_path / "tiny.gguf")))
     transformer = Transformer(model.config, model.weights, max_batch_tokens=4, max_context=8, max_logits_rows=4)
-    arena = KVArena(model.config, num_blocks=4, block_size=BLOCK)
+    arena = KVArena(model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, num_blocks=4, block_size=BLOCK)
     table = np.arange(4, dtype=np.int32)[None, :]
     batch = ForwardBatch(np.array([1], np.int32), np.array([8], np.int32), np.zeros(1, np.int32),
                          np.array([9], np.int32), np.array([8], np.int32), table, np.zeros(1, np.int32))
