@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from edge_slm_node.kernels.attention import attention_work, paged_attention, write_kv
+from edge_slm_node.kernels.attention import attention_work, paged_attention
+from edge_slm_node.kernels.kv_write import write_kv
 from edge_slm_node.kernels.half import float_to_half_bits, half_bits_to_float, round_to_half
 from edge_slm_node.kernels.ops import exp_f32, hsum8
 

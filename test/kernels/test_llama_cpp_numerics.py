@@ -13,7 +13,8 @@ import pytest
 from numba import njit
 
 from edge_slm_node.kernels import ops
-from edge_slm_node.kernels.attention import _dot_f16, paged_attention
+from edge_slm_node.kernels.attention import paged_attention
+from edge_slm_node.kernels.attention_math import dot_f16 as _dot_f16
 
 FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "ggml_vec_fixture.json").read_text())
 f32 = np.float32

@@ -1,0 +1,105 @@
+"""The decoder layer, written once: every layer of a batch in one GIL-free call.
+
+Prompt steps and decode steps run this same code; they differ in the matmul kernels they
+pass (each weight type's matmul_parallel or matmul_serial, as function objects with the
+common signature of kernels/quants/common.py) and in `threads` (paged attention on numba's
+thread pool when big enough, else on the calling thread). Arguments come grouped, as
+namedtuples built once by model/transformer.py:
+
+  layers   per layer LayerArrays: norms (n,), biases (rows,) or empty, and the packed bytes,
+           tail rows and part ends of its 7 matrices q, k, v, o, gate, up, down (when q|k|v
+           or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty)
+  matmuls  flat tuple, matmuls[7 * layer + m]: the kernel of matrix m of that layer
+  acts     Activations: (T, ·) C-contiguous views for this batch's T tokens
+  inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
+  batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
+           token_context, batched (T,)
+  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch
+"""
+import warnings
+from collections import namedtuple
+
+from numba import njit
+from numba.core.errors import NumbaExperimentalFeatureWarning
+
+from .attention import PARALLEL_MIN_MACS, paged_attention_parallel, paged_attention_serial
+from .kv_write import write_kv
+from .ops import add_bias, add_in_place, apply_rope, rms_norm, silu_mul
+
+# The matmuls are called through numba's first-class function objects, the one experimental
+# numba feature used here; the tests cover it (bit-equality with the scalar references).
+warnings.filterwarnings("ignore", message="First-class function type feature is experimental",
+                        category=NumbaExperimentalFeatureWarning)
+
+Q, K, V, O, GATE, UP, DOWN = range(7)
+MATRICES = 7
+
+LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "packed", "tails",
+                                         "part_ends", "qkv_fused", "gate_up_fused"])
+Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "attn", "proj", "gate", "up", "empty"])
+BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
+                                         "batched"])
+LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", "num_heads", "num_kv_heads",
+                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits"])
+
+
+@njit(cache=True, inline="always")
+def _matmul(layer, matmuls, index, m, x, scratch, outs):
+    matmuls[MATRICES * index + m](layer.packed[m], layer.tails[m], layer.part_ends[m], x, scratch, outs)
+
+
+@njit(cache=True, inline="always")
+def _parts(layer, matmuls, index, first, count, fused, x, scratch, a, b, c, empty):
+    """Matrices first.. first+count-1 (count 2 or 3) on x: one fused call, or one call each."""
+    if fused:
+        _matmul(layer, matmuls, index, first, x, scratch, (a, b, c))
+    else:
+        _matmul(layer, matmuls, index, first, x, scratch, (a, empty, empty))
+        _matmul(layer, matmuls, index, first + 1, x, scratch, (b, empty, empty))
+        if count == 3:
+            _matmul(layer, matmuls, index, first + 2, x, scratch, (c, empty, empty))
+
+
+@njit(cache=True, nogil=True)
+def decoder_layers(layers, matmuls, acts, inputs, batch, consts, kv_arena, threads):
+    """acts.hidden (T, n) through every layer in place; each layer's K and V written into
+    kv_arena (layers, 2, blocks, block_size, kv_heads, head_dim) u16 at batch.slot_mapping."""
+    c = consts
+    num_tokens = acts.hidden.shape[0]
+    heads_q = acts.q.reshape(num_tokens, c.num_heads, c.head_dim)
+    heads_k = acts.k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+    heads_v = acts.v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+    heads_out = acts.attn.reshape(num_tokens, c.num_heads, c.head_dim)
+    context = 0
+    for t in range(num_tokens):
+        context = max(context, batch.token_context[t])
+    attention_on_pool = threads and num_tokens * c.num_heads * c.head_dim * 2 * context >= PARALLEL_MIN_MACS
+    model_input, attn_input, ffn_input = inputs
+    empty = acts.empty
+    for index in range(len(layers)):
+        layer = layers[index]
+        rms_norm(acts.hidden, layer.attn_norm, c.eps, acts.normed)
+        _parts(layer, matmuls, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
+        if layer.q_bias.shape[0] > 0:
+            add_bias(acts.q, layer.q_bias)
+            add_bias(acts.k, layer.k_bias)
+            add_bias(acts.v, layer.v_bias)
+        apply_rope(heads_q, batch.positions, c.rope_cos, c.rope_sin, c.neox)
+        apply_rope(heads_k, batch.positions, c.rope_cos, c.rope_sin, c.neox)
+        k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
+        write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
+        if attention_on_pool:
+            paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                                     batch.token_context, batch.batched, c.attention_scale, heads_out,
+                                     c.attention_work)
+        else:
+            paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                                   batch.token_context, batch.batched, c.attention_scale, heads_out, c.attention_work)
+        _matmul(layer, matmuls, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
+        add_in_place(acts.hidden, acts.proj)
+        rms_norm(acts.hidden, layer.ffn_norm, c.eps, acts.normed)
+        _parts(layer, matmuls, index, GATE, 2, layer.gate_up_fused, acts.normed, model_input, acts.gate, acts.up,
+               empty, empty)
+        silu_mul(acts.gate, acts.up, acts.gate)
+        _matmul(layer, matmuls, index, DOWN, acts.gate, ffn_input, (acts.proj, empty, empty))
+        add_in_place(acts.hidden, acts.proj)
