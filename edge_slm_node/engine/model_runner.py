@@ -3,7 +3,7 @@
 A step with prompt chunks runs one forward with the big kernels on numba's thread pool. A
 decode-only step runs as DecodePolicy chooses: on the engine thread alone, or split into up to
 num_threads parts, one per thread, each a whole forward on its sequences (one hand-off per
-step instead of a pool wake-up per matmul). Every way gives the same logits: each kernel
+step instead of a pool wake-up per matmul). Both modes give the same logits: each kernel
 computes a sequence's rows independently of the others.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
 from ..model.loader import LoadedModel
 from ..model.transformer import Transformer
-from .batch import BatchBuilder, prompt_token_batched
+from .batch import BatchBuilder, in_prompt_order
 from .config import EngineConfig
-from .decode_policy import DecodePolicy, DecodeWay
+from .decode_policy import DecodePolicy, DecodeThreading
 from .plan import StepPlan
-from .side_forward import SideForward
+from .forward_thread import ForwardThread
 
 WARM_UP_SEQ_KEY = ("warm-up",)           # a throwaway one-token sequence run at start-up
 
@@ -35,9 +35,9 @@ class ModelRunner:
         self.transformer = Transformer(model.config, model.weights, config.max_batch_tokens, max_context,
                                        max_logits_rows=config.max_running + 1)
         self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
-        self.sides: list[SideForward] = []
+        self.sides: list[ForwardThread] = []
         if config.max_running >= 2:
-            self.sides = [SideForward(Transformer(model.config, model.weights, config.max_running, max_context,
+            self.sides = [ForwardThread(Transformer(model.config, model.weights, config.max_running, max_context,
                                                   max_logits_rows=config.max_running),
                                       BatchBuilder(config.max_running, config.max_running, max_blocks))
                           for _ in range(config.num_threads - 1)]
@@ -61,11 +61,11 @@ class ModelRunner:
             for chunk in plan.prompts:
                 request = chunk.request
                 self.batch.add(kv, request.session_id, chunk.token_ids, chunk.start, chunk.last,
-                               batched=_prompt_order(chunk.start, chunk.count, request.prefill_from,
+                               prompt_order=_prompt_order(chunk.start, chunk.count, request.prefill_from,
                                                      len(request.prompt_ids)))
             return self.transformer.forward(self.batch.build(), self.arena.data, parallel=True)
-        way = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides))
-        parts = min(len(self.sides) + 1, len(plan.decode)) if way is DecodeWay.SPLIT else 1
+        mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides))
+        parts = min(len(self.sides) + 1, len(plan.decode)) if mode is DecodeThreading.SPLIT else 1
         builders = [self.batch] + [side.batch for side in self.sides[:parts - 1]]
         for index, builder in enumerate(builders):     # near-equal runs of sequences, in order
             builder.clear()
@@ -77,7 +77,7 @@ class ModelRunner:
             logits = self._split_forward(self.batch.build(), [b.build() for b in builders[1:]])
         else:
             logits = self.transformer.forward(self.batch.build(), self.arena.data, parallel=False)
-        self.decode_policy.record(len(plan.decode), way, time.monotonic() - started)
+        self.decode_policy.record(len(plan.decode), mode, time.monotonic() - started)
         return logits
 
     def _split_forward(self, batch, side_batches) -> list:
@@ -109,13 +109,13 @@ class ModelRunner:
             chunk = token_ids[start:start + self.max_batch_tokens]
             self.batch.clear()
             self.batch.add(kv, seq_id, chunk, start, want_logits=True,
-                           batched=_prompt_order(start, len(chunk), 0, len(token_ids)))
+                           prompt_order=_prompt_order(start, len(chunk), 0, len(token_ids)))
             self.transformer.forward(self.batch.build(), self.arena.data)
             kv.commit(seq_id, chunk)
             start += len(chunk)
 
     def warm_up(self, kv: KVBlockManager) -> None:
-        """Run one throwaway token each way a step can go (thread pool, one thread, every side
+        """Run one throwaway token every way a step can run (thread pool, one thread, every side
         thread), so kernels are loaded from numba's cache at start-up, not in a user's first step."""
         queries = kv.prefix_query_tokens
         kv.allocate_prompt(WARM_UP_SEQ_KEY, [0])
@@ -137,4 +137,4 @@ class ModelRunner:
 def _prompt_order(start: int, count: int, first_new: int, end: int) -> list:
     """Per-token llama.cpp summation order for prompt positions [start, start+count) of a prompt
     whose new (uncached) tokens are [first_new, end)."""
-    return [prompt_token_batched(i - first_new, end - first_new) for i in range(start, start + count)]
+    return [in_prompt_order(i - first_new, end - first_new) for i in range(start, start + count)]

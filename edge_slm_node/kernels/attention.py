@@ -19,7 +19,7 @@ matters, and llama.cpp uses two orders:
   is a multiple of 8 (and, for V, head_dim a multiple of 4); otherwise ggml falls back to
   the decode order.
 
-`batched[t]` (T,) selects the prompt order for token t. The dot over positions (probabilities
+`prompt_order[t]` (T,) selects the prompt order for token t. The dot over positions (probabilities
 . V) runs over llama.cpp's padded KV length; positions past the context hold zero
 probability, which leaves every lane sum unchanged, so only [0, context) is visited.
 
@@ -198,7 +198,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
 # ------------------------------------------------------------------------------- drivers
 
 @njit(cache=True)
-def _chunks(token_seq, batched, head_dim):
+def _chunks(token_seq, prompt_order, head_dim):
     """Consecutive tokens of one sequence and one order -> (first token, count) per chunk."""
     num_tokens = token_seq.shape[0]
     firsts = np.empty(num_tokens, np.int64)
@@ -206,11 +206,11 @@ def _chunks(token_seq, batched, head_dim):
     n = 0
     t = 0
     while t < num_tokens:
-        prompt = batched[t] != 0
+        prompt = prompt_order[t] != 0
         limit = PROMPT_CHUNK if prompt and head_dim % 4 == 0 else DECODE_CHUNK
         c = 1
         while c < limit and t + c < num_tokens and token_seq[t + c] == token_seq[t] \
-                and (batched[t + c] != 0) == prompt:
+                and (prompt_order[t + c] != 0) == prompt:
             c += 1
         firsts[n], counts[n] = t, c
         n += 1
@@ -244,32 +244,32 @@ def _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables,
 
 @njit(cache=True, inline="always")
 def _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-              batched, scale, out, work):
+              prompt_order, scale, out, work):
     if i + 1 < num_items:           # the next item's KV loads while this one computes
         _prefetch_item(i + 1, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
     c, kv_head = _item(i, num_items, k_cache.shape[2])
     first = firsts[c]
     _attend(q, k_cache, v_cache, block_tables[token_seq[first]], first, counts[c], token_context, kv_head,
-            batched[first] != 0, scale, out, work)
+            prompt_order[first] != 0, scale, out, work)
 
 
 @njit(cache=True, nogil=True)
-def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out, work):
+def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work):
     """paged_attention on the calling thread only (uses work[0])."""
-    firsts, counts = _chunks(token_seq, batched, q.shape[2])
+    firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
     if num_items == 0:
         return
     _prefetch_item(0, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
     for i in range(num_items):
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-                  batched, scale, out, work[0])
+                  prompt_order, scale, out, work[0])
 
 
 @njit(parallel=True, cache=True)
-def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out, work):
+def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work):
     """paged_attention with its work items on numba's thread pool (work row per thread)."""
-    firsts, counts = _chunks(token_seq, batched, q.shape[2])
+    firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
     if num_items == 0:
         return
@@ -277,7 +277,7 @@ def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token
         # which items a thread gets is up to the scheduler: each item also prefetches its own rows
         _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-                  batched, scale, out, work[numba.get_thread_id()])
+                  prompt_order, scale, out, work[numba.get_thread_id()])
 
 
 def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: int) -> np.ndarray:
@@ -294,10 +294,10 @@ def check_work(work: np.ndarray, num_heads: int, kv_heads: int, head_dim: int, c
         raise ValueError(f"attention work buffer too small for a context of {context}")
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out,
+def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out,
                     work=None, parallel=None):
     """q (T, heads, head_dim) f32; token t attends to positions [0, token_context[t]) of sequence
-    token_seq[t] via block_tables (S, max_blocks), in prompt order if batched[t] (T,) is nonzero
+    token_seq[t] via block_tables (S, max_blocks), in prompt order if prompt_order[t] (T,) is nonzero
     -> out (T, heads, head_dim) f32. q is rounded to fp16 in place.
     work: attention_work(...) for at least max(token_context) (allocated per call if None).
     parallel: None = thread pool only when the call is big enough to repay waking it, or force True/False.
@@ -313,4 +313,4 @@ def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context,
     if parallel is None:
         parallel = _MULTI_THREADED and num_tokens * num_heads * head_dim * 2 * context >= PARALLEL_MIN_MACS
     kernel = paged_attention_parallel if parallel else paged_attention_serial
-    kernel(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale, out, work)
+    kernel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work)

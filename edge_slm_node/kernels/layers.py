@@ -13,7 +13,7 @@ namedtuples built once by model/transformer.py:
   acts     Activations: (T, ·) C-contiguous views for this batch's T tokens
   inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
   batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
-           token_context, batched (T,)
+           token_context, prompt_order (T,)
   consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch
 """
 import warnings
@@ -38,7 +38,7 @@ LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_b
                                          "part_ends", "qkv_fused", "gate_up_fused"])
 Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "attn", "proj", "gate", "up", "empty"])
 BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
-                                         "batched"])
+                                         "prompt_order"])
 LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", "num_heads", "num_kv_heads",
                                          "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits"])
 
@@ -90,11 +90,11 @@ def decoder_layers(layers, matmuls, acts, inputs, batch, consts, kv_arena, threa
         write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
         if attention_on_pool:
             paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                                     batch.token_context, batch.batched, c.attention_scale, heads_out,
+                                     batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
                                      c.attention_work)
         else:
             paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                                   batch.token_context, batch.batched, c.attention_scale, heads_out, c.attention_work)
+                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work)
         _matmul(layer, matmuls, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
         add_in_place(acts.hidden, acts.proj)
         rms_norm(acts.hidden, layer.ffn_norm, c.eps, acts.normed)

@@ -31,9 +31,9 @@ class ForwardBatch:
     token_ids, positions, token_seq (row into block_tables), token_context (positions the token
     attends to, itself included), slot_mapping (arena slot its KV is written to): shape (T,).
     block_tables (S, max_blocks). logits_rows: indices into T whose logits are wanted.
-    batched (T,) optional: nonzero where a token's attention is summed in the order llama.cpp
+    prompt_order (T,) optional: nonzero where a token's attention is summed in the order llama.cpp
     uses for a multi-token batch (a prompt) rather than for one token (decode); by default a
-    token is batched when its sequence has two or more tokens in this batch, which is
+    token is prompt_order when its sequence has two or more tokens in this batch, which is
     llama.cpp's rule for one sequence (see kernels/attention.py).
     """
     token_ids: np.ndarray
@@ -43,10 +43,10 @@ class ForwardBatch:
     slot_mapping: np.ndarray
     block_tables: np.ndarray
     logits_rows: np.ndarray
-    batched: Optional[np.ndarray] = None
+    prompt_order: Optional[np.ndarray] = None
 
 
-def batched_tokens(token_seq: np.ndarray, num_sequences: int) -> np.ndarray:
+def default_prompt_order(token_seq: np.ndarray, num_sequences: int) -> np.ndarray:
     """(T,) uint8: 1 where the token's sequence has at least two tokens in the batch."""
     counts = np.bincount(token_seq, minlength=num_sequences)
     return (counts[token_seq] >= 2).astype(np.uint8)
@@ -128,14 +128,14 @@ class Transformer:
         if context > self.max_context:                  # the kernels trust their arguments: check them here
             raise ValueError(f"attention context {context} > max_context {self.max_context}")
         check_work(self.attention_work, c.num_heads, c.num_kv_heads, c.head_dim, context)
-        batched = batch.batched
-        if batched is None:
-            batched = batched_tokens(batch.token_seq, batch.block_tables.shape[0])
+        prompt_order = batch.prompt_order
+        if prompt_order is None:
+            prompt_order = default_prompt_order(batch.token_seq, batch.block_tables.shape[0])
         acts = Activations(*[b[:num_tokens] for b in self.buffers[:-1]], empty=self.buffers.empty)
         self.embed(batch.token_ids, acts.hidden)
         decoder_layers(self.layer_arrays, self.matmuls[parallel], acts, self.inputs,
                        BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
-                                   batch.token_context, batched), self.consts, kv_arena, parallel)
+                                   batch.token_context, prompt_order), self.consts, kv_arena, parallel)
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
         ops.rms_norm(acts.hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)

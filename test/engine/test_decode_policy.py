@@ -1,27 +1,27 @@
-"""DecodePolicy: measure the candidate ways, run the fastest by median, re-measure the others ever more rarely."""
-from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeWay
+"""DecodePolicy: measure the candidate modes, run the fastest by median, re-measure the others ever more rarely."""
+from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeThreading
 
-SPLIT, ONE = DecodeWay.SPLIT, DecodeWay.ONE_THREAD
+SPLIT, ONE = DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD
 
 
 def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True):
-    """seconds: way -> step time; -> the ways chosen."""
+    """seconds: mode -> step time; -> the modes chosen."""
     choices = []
     for step in range(steps):
-        way = policy.choose(sequences, can_split)
-        policy.record(sequences, way, seconds[way] * (10 if step == outlier_at else 1))
-        choices.append(way)
+        mode = policy.choose(sequences, can_split)
+        policy.record(sequences, mode, seconds[mode] * (10 if step == outlier_at else 1))
+        choices.append(mode)
     return choices
 
 
 def trial_starts(choices, best):
-    return [i for i, way in enumerate(choices) if way is not best and (i == 0 or choices[i - 1] is not way)]
+    return [i for i, mode in enumerate(choices) if mode is not best and (i == 0 or choices[i - 1] is not mode)]
 
 
 def test_candidates():
-    assert DecodePolicy.ways(4, can_split=True) == (SPLIT, ONE)
-    assert DecodePolicy.ways(1, can_split=True) == (ONE,)
-    assert DecodePolicy.ways(4, can_split=False) == (ONE,)                          # num_threads 1
+    assert DecodePolicy.modes(4, can_split=True) == (SPLIT, ONE)
+    assert DecodePolicy.modes(1, can_split=True) == (ONE,)
+    assert DecodePolicy.modes(4, can_split=False) == (ONE,)                          # num_threads 1
 
 
 def test_close_ways_get_full_trials_then_the_fastest_runs_and_trials_grow_rarer():
@@ -41,7 +41,7 @@ def test_a_clearly_slower_way_costs_one_step_per_trial():
     choices = run(policy, 4, {SPLIT: 0.016, ONE: 0.025}, 100)
     assert choices[:5] == [SPLIT, ONE, SPLIT, SPLIT, SPLIT]          # ONE is not given a trial
     assert choices.count(ONE) == 1 + len(trial_starts(choices[5:], SPLIT))
-    assert all(choices[i + 1] is SPLIT for i, way in enumerate(choices[:-1]) if way is ONE)
+    assert all(choices[i + 1] is SPLIT for i, mode in enumerate(choices[:-1]) if mode is ONE)
 
 
 def test_a_slow_first_step_does_not_decide():

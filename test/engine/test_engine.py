@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from edge_slm_node.engine.decode_policy import DecodeWay
+from edge_slm_node.engine.decode_policy import DecodeThreading
 from edge_slm_node.engine.engine import UnknownSessionError
 from edge_slm_node.engine.request import FinishReason
 from edge_slm_node.engine.sampling import InvalidRequestError, SamplingParams
@@ -141,16 +141,16 @@ def test_every_decode_way_gives_the_same_answers(make_engine):
     engine = make_engine()
     prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
     answers = {}
-    for way in DecodeWay:
-        engine.runner.decode_policy.forced = way
-        sids = [f"{way.name}-{sid}" for sid in prompts]
+    for mode in DecodeThreading:
+        engine.runner.decode_policy.forced = mode
+        sids = [f"{mode.name}-{sid}" for sid in prompts]
         for sid in sids:
             engine.create_session(sid)
         requests = [engine.submit(sid, text, GREEDY) for sid, text in zip(sids, prompts.values())]
         run_to_completion(engine, requests)
         alone = answer(engine, sids[0], "And G02?")[1]           # one session decoding
-        answers[way] = [r.generated_ids for r in requests] + [alone.generated_ids]
-    assert answers[DecodeWay.SPLIT] == answers[DecodeWay.ONE_THREAD]
+        answers[mode] = [r.generated_ids for r in requests] + [alone.generated_ids]
+    assert answers[DecodeThreading.SPLIT] == answers[DecodeThreading.ONE_THREAD]
     assert engine.runner.split_steps > 0
     assert_pool_consistent(engine)
 
