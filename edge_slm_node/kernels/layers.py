@@ -9,7 +9,9 @@ namedtuples built once by model/transformer.py:
   layers   per layer LayerArrays: norms (n,), biases (rows,) or empty, and the packed bytes,
            tail rows and part ends of its 7 matrices q, k, v, o, gate, up, down (when q|k|v
            or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty)
-  matmuls  flat tuple, matmuls[7 * layer + m]: the kernel of matrix m of that layer
+  matmuls  typed List of the distinct matmul kernels (matmul_table), and kernel_of (layers * 7,)
+           int32: matmuls[kernel_of[7 * layer + m]] runs matrix m of that layer. (A tuple of
+           function objects would be unboxed from Python on every call: ~0.2 ms each.)
   acts     Activations: (T, ·) C-contiguous views for this batch's T tokens
   inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
   batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
@@ -19,12 +21,14 @@ namedtuples built once by model/transformer.py:
 import warnings
 from collections import namedtuple
 
-from numba import njit
+from numba import njit, types
 from numba.core.errors import NumbaExperimentalFeatureWarning
+from numba.typed import List
 
 from .attention import PARALLEL_MIN_MACS, paged_attention_parallel, paged_attention_serial
 from .kv_write import write_kv
 from .ops import add_bias, add_in_place, apply_rope, rms_norm, silu_mul
+from .quants.common import MATMUL_SIGNATURE
 
 # The matmuls are called through numba's first-class function objects, the one experimental
 # numba feature used here; the tests cover it (bit-equality with the scalar references).
@@ -33,6 +37,16 @@ warnings.filterwarnings("ignore", message="First-class function type feature is 
 
 Q, K, V, O, GATE, UP, DOWN = range(7)
 MATRICES = 7
+MATMUL_TYPE = types.FunctionType(MATMUL_SIGNATURE)
+
+
+def matmul_table(kernels) -> List:
+    """The kernels (each weight type's matmul_serial or matmul_parallel) as the typed list
+    decoder_layers takes: passed from Python in O(1)."""
+    table = List.empty_list(MATMUL_TYPE)
+    for kernel in kernels:
+        table.append(kernel)
+    return table
 
 LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "packed", "tails",
                                          "part_ends", "qkv_fused", "gate_up_fused"])
@@ -44,24 +58,24 @@ LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", 
 
 
 @njit(cache=True, inline="always")
-def _matmul(layer, matmuls, index, m, x, scratch, outs):
-    matmuls[MATRICES * index + m](layer.packed[m], layer.tails[m], layer.part_ends[m], x, scratch, outs)
+def _matmul(layer, matmuls, kernel_of, index, m, x, scratch, outs):
+    matmuls[kernel_of[MATRICES * index + m]](layer.packed[m], layer.tails[m], layer.part_ends[m], x, scratch, outs)
 
 
 @njit(cache=True, inline="always")
-def _parts(layer, matmuls, index, first, count, fused, x, scratch, a, b, c, empty):
+def _parts(layer, matmuls, kernel_of, index, first, count, fused, x, scratch, a, b, c, empty):
     """Matrices first.. first+count-1 (count 2 or 3) on x: one fused call, or one call each."""
     if fused:
-        _matmul(layer, matmuls, index, first, x, scratch, (a, b, c))
+        _matmul(layer, matmuls, kernel_of, index, first, x, scratch, (a, b, c))
     else:
-        _matmul(layer, matmuls, index, first, x, scratch, (a, empty, empty))
-        _matmul(layer, matmuls, index, first + 1, x, scratch, (b, empty, empty))
+        _matmul(layer, matmuls, kernel_of, index, first, x, scratch, (a, empty, empty))
+        _matmul(layer, matmuls, kernel_of, index, first + 1, x, scratch, (b, empty, empty))
         if count == 3:
-            _matmul(layer, matmuls, index, first + 2, x, scratch, (c, empty, empty))
+            _matmul(layer, matmuls, kernel_of, index, first + 2, x, scratch, (c, empty, empty))
 
 
 @njit(cache=True, nogil=True)
-def decoder_layers(layers, matmuls, acts, inputs, batch, consts, kv_arena, threads):
+def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_arena, threads):
     """acts.hidden (T, n) through every layer in place; each layer's K and V written into
     kv_arena (layers, 2, blocks, block_size, kv_heads, head_dim) u16 at batch.slot_mapping."""
     c = consts
@@ -79,7 +93,7 @@ def decoder_layers(layers, matmuls, acts, inputs, batch, consts, kv_arena, threa
     for index in range(len(layers)):
         layer = layers[index]
         rms_norm(acts.hidden, layer.attn_norm, c.eps, acts.normed)
-        _parts(layer, matmuls, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
+        _parts(layer, matmuls, kernel_of, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
         if layer.q_bias.shape[0] > 0:
             add_bias(acts.q, layer.q_bias)
             add_bias(acts.k, layer.k_bias)
@@ -95,11 +109,11 @@ def decoder_layers(layers, matmuls, acts, inputs, batch, consts, kv_arena, threa
         else:
             paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                    batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work)
-        _matmul(layer, matmuls, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
+        _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
         add_in_place(acts.hidden, acts.proj)
         rms_norm(acts.hidden, layer.ffn_norm, c.eps, acts.normed)
-        _parts(layer, matmuls, index, GATE, 2, layer.gate_up_fused, acts.normed, model_input, acts.gate, acts.up,
+        _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, acts.normed, model_input, acts.gate, acts.up,
                empty, empty)
         silu_mul(acts.gate, acts.up, acts.gate)
-        _matmul(layer, matmuls, index, DOWN, acts.gate, ffn_input, (acts.proj, empty, empty))
+        _matmul(layer, matmuls, kernel_of, index, DOWN, acts.gate, ffn_input, (acts.proj, empty, empty))
         add_in_place(acts.hidden, acts.proj)
