@@ -6,7 +6,7 @@ common signature of kernels/quants/common.py) and in `threads` (paged attention 
 thread pool when big enough, else on the calling thread). Arguments come grouped, as
 namedtuples built once by model/transformer.py:
 
-  layers   per layer LayerArrays: norms (n,), biases (rows,) or empty, and the packed bytes,
+  layers   typed List (layer_list), per layer LayerArrays: norms (n,), biases (rows,) or empty, the packed bytes,
            tail rows and part ends of its 7 matrices q, k, v, o, gate, up, down (when q|k|v
            or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty)
   matmuls  typed List of the distinct matmul kernels (matmul_table), and kernel_of (layers * 7,)
@@ -42,10 +42,30 @@ MATMUL_TYPE = types.FunctionType(MATMUL_SIGNATURE)
 
 def matmul_table(kernels) -> List:
     """The kernels (each weight type's matmul_serial or matmul_parallel) as the typed list
-    decoder_layers takes: passed from Python in O(1)."""
+    decoder_layers takes: passed from Python in O(1). Built by a cached numba function: the
+    typed list's own methods would otherwise compile at every start (~2 s)."""
+    return _table_of(tuple(kernels))
+
+
+def layer_list(layers: tuple) -> List:
+    """The layers' LayerArrays as a typed list: a tuple of them (~30 x 26 arrays) would be
+    unboxed from Python on every call (~0.2 ms), the list is passed in O(1)."""
+    return _list_of(layers)
+
+
+@njit(cache=True)
+def _list_of(items):
+    out = List()
+    for i in range(len(items)):
+        out.append(items[i])
+    return out
+
+
+@njit(cache=True)
+def _table_of(kernels):
     table = List.empty_list(MATMUL_TYPE)
-    for kernel in kernels:
-        table.append(kernel)
+    for i in range(len(kernels)):
+        table.append(kernels[i])
     return table
 
 LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "packed", "tails",

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..kernels import ops
 from ..kernels.attention import attention_work, check_work
-from ..kernels.layers import Activations, BatchArrays, LayerArrays, LayerConsts, decoder_layers, matmul_table
+from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts, decoder_layers, layer_list,
+                              matmul_table)
 from ..kernels.quants import Q8_0
 from ..kernels.quants.common import new_scratch
 from ..kernels.quants.q8_0 import embed_rows, gather_rows
@@ -76,6 +77,7 @@ class Transformer:
         types = sorted({m.quant.name: m.quant for layer in weights.layers for m in _matrices(layer)}.items())
         index = {name: i for i, (name, _) in enumerate(types)}
         self.kernel_of = np.array([index[m.quant.name] for layer in weights.layers for m in _matrices(layer)], np.int32)
+        self.layer_list = layer_list(self.layer_arrays)
         self.matmuls = {threads: matmul_table([(q.kernels.matmul_parallel if threads else q.kernels.matmul_serial)
                                                for _, q in types]) for threads in (False, True)}
         readers = {"hidden": [m for l in weights.layers for m in (l.q, l.k, l.v, l.gate, l.up)],
@@ -136,7 +138,7 @@ class Transformer:
             prompt_order = default_prompt_order(batch.token_seq, batch.block_tables.shape[0])
         acts = Activations(*[b[:num_tokens] for b in self.buffers[:-1]], empty=self.buffers.empty)
         self.embed(batch.token_ids, acts.hidden)
-        decoder_layers(self.layer_arrays, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
+        decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
                        BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
                                    batch.token_context, prompt_order), self.consts, kv_arena, parallel)
         rows = batch.logits_rows.shape[0]
