@@ -27,7 +27,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from baseline import load_baseline  # noqa: E402
-from edge_slm_node.kernels import attention  # noqa: E402
+from edge_slm_node.kernels import attention, kv_write  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 LAYERS = 30
@@ -39,14 +39,14 @@ def load_reference():
     return importlib.import_module("test_attention")
 
 
-def make_case(rng, num_tokens, last_context, batched, num_blocks):
+def make_case(rng, num_tokens, last_context, prompt_order, num_blocks):
     """One sequence: tokens at contexts last_context - num_tokens + 1 .. last_context."""
     needed = -(-last_context // BLOCK)
     table = rng.permutation(num_blocks)[:needed].astype(np.int32)[None, :]
     context = np.arange(last_context - num_tokens + 1, last_context + 1, dtype=np.int32)
     return dict(q=rng.standard_normal((num_tokens, HEADS, HEAD_DIM)).astype(np.float32),
                 tables=table, seq=np.zeros(num_tokens, np.int32), context=context,
-                batched=np.full(num_tokens, batched, np.uint8),
+                prompt_order=np.full(num_tokens, prompt_order, np.uint8),
                 slots=(table[0, (context - 1) // BLOCK] * BLOCK + (context - 1) % BLOCK).astype(np.int32),
                 k=rng.standard_normal((num_tokens, KV_HEADS, HEAD_DIM)).astype(np.float32),
                 v=rng.standard_normal((num_tokens, KV_HEADS, HEAD_DIM)).astype(np.float32))
@@ -84,7 +84,7 @@ def main():
     def attention_variants(case):
         out = np.zeros_like(case["q"])
         q = case["q"].copy()
-        common = (case["tables"], case["seq"], case["context"], case["batched"], scale)
+        common = (case["tables"], case["seq"], case["context"], case["prompt_order"], scale)
 
         def old(layer):
             ref.reference_paged_attention(q, arena_old[layer, 0], arena_old[layer, 1], *common, *old_scratch, out)
@@ -111,7 +111,7 @@ def main():
             ref.reference_write_kv(case["k"], case["v"], case["slots"], arena_old[layer, 0], arena_old[layer, 1], kv_bits)
 
         def new(layer):
-            attention.write_kv(case["k"], case["v"], case["slots"], arena_new[layer, 0], arena_new[layer, 1], row, bits)
+            kv_write.write_kv(case["k"], case["v"], case["slots"], arena_new[layer, 0], arena_new[layer, 1], row, bits)
         return {"old": old, "new": new}
 
     rows = [(f"attention, {name}", attention_variants(case)) for name, case in cases]

@@ -1,13 +1,12 @@
-"""Decode step time with 1-4 sessions for each way of running a decode step, interleaved in one process.
+"""Decode step time with 1-4 sessions for each mode of running a decode step, interleaved in one process.
 
     .venv/bin/python bench/bench_split_decode.py [--rounds 6] [--tokens 48] [--busy]
 
-Ways (engine/decode_policy.py): "split" runs 2+ sessions as num_threads parts side by side, each
+Modes (engine/decode_policy.py): "split" runs 2+ sessions as num_threads parts side by side, each
 part's layers in one kernel call; "one thread" runs them all on the engine thread, layers in one
-call; "thread pool" is the Python layer loop with big kernels on numba's pool. The engine
-normally picks per step from measured times (the "adaptive" row); here each way is also forced
-in turn (split with 1 session falls back to one thread). --busy keeps one other process spinning
-on a core meanwhile.
+call. The engine normally picks per step from measured times (the "adaptive" row); here each mode
+is also forced in turn (split with 1 session falls back to one thread). --busy keeps one other
+process spinning on a core meanwhile.
 Prints the median step ms over the rounds' medians and the 4-session / best 1-session ratio.
 """
 import argparse
@@ -21,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from common import timed_decode_steps  # noqa: E402
 
 from edge_slm_node.engine.config import EngineConfig  # noqa: E402
-from edge_slm_node.engine.decode_policy import DecodeWay  # noqa: E402
+from edge_slm_node.engine.decode_policy import DecodeThreading  # noqa: E402
 from edge_slm_node.engine.engine import Engine  # noqa: E402
 from edge_slm_node.engine.sampling import SamplingParams  # noqa: E402
 
@@ -43,9 +42,8 @@ def main():
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=2, system_prompt=None))
     for i in range(max(SESSIONS)):
         engine.create_session(f"s{i}")
-    variants = {"split": DecodeWay.SPLIT, "one thread": DecodeWay.ONE_THREAD, "thread pool": DecodeWay.POOL,
-                "adaptive": None}
-    policy = engine.scheduler.decode_policy
+    variants = {"split": DecodeThreading.SPLIT, "one thread": DecodeThreading.ONE_THREAD, "adaptive": None}
+    policy = engine.runner.decode_policy
     results = {(v, n): [] for v in variants for n in SESSIONS}
     for forced in variants.values():                          # warm-up
         policy.forced = forced

@@ -1,11 +1,13 @@
 """Write small random GGUF models (llama / qwen2 layouts, chosen quant types) for tests,
-and a plain NumPy reference forward that reads the same file through dequantize()."""
+(quantized by gguf-py), and a plain NumPy reference forward that reads the same file through
+each type's NumPy dequantizer."""
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf import GGUFWriter, TokenType
+from gguf.quants import quantize
 
-from edge_slm_node.model import quant as q
+from edge_slm_node.kernels import quants as q
 from edge_slm_node.model.gguf_file import GGUFFile
 from edge_slm_node.model.tokenizer import byte_level_alphabet
 
@@ -49,7 +51,7 @@ def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.
         elif quant is q.F16:
             writer.add_tensor(name, weights.astype(np.float16))
         else:
-            writer.add_tensor(name, q.quantize(weights, quant), raw_dtype=GGMLQuantizationType(quant.type_id))
+            writer.add_tensor(name, quantize(weights, quant.ggml_type), raw_dtype=quant.ggml_type)
 
     def vector(name, length, center=1.0):
         writer.add_tensor(name, (center + 0.1 * rng.standard_normal(length)).astype(np.float32))
@@ -90,7 +92,7 @@ def reference_logits(path, token_ids):
 
     def w(name):
         info = g.tensors[name]
-        values = q.dequantize(g.tensor_bytes(name), info.quant).astype(np.float64)
+        values = info.quant.dequantize(g.tensor_bytes(name)).astype(np.float64)
         return values.reshape(-1) if len(info.shape) == 1 else values
 
     def norm(x, weight):

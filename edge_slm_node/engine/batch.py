@@ -18,7 +18,7 @@ class BatchBuilder:
         self.slot_mapping = np.zeros(max_tokens, np.int32)
         self.block_tables = np.zeros((max_sequences, max_blocks_per_seq), np.int32)
         self.logits_rows = np.zeros(max_sequences, np.int32)
-        self.batched = np.zeros(max_tokens, np.uint8)
+        self.prompt_order = np.zeros(max_tokens, np.uint8)
         self.max_tokens = max_tokens
         self.clear()
 
@@ -28,10 +28,10 @@ class BatchBuilder:
         self.num_logits = 0
 
     def add(self, manager: KVBlockManager, seq_id, tokens: list, start: int, want_logits: bool,
-            batched: bool = False) -> int:
+            prompt_order: bool = False) -> int:
         """Queue tokens for positions [start, start+len); returns the logits row or -1.
 
-        batched: sum attention in llama.cpp's multi-token (prompt) order rather than its decode order."""
+        prompt_order: sum attention in llama.cpp's multi-token (prompt) order rather than its decode order."""
         n, t0, s = len(tokens), self.num_tokens, self.num_sequences
         if t0 + n > self.max_tokens:
             raise ValueError(f"batch overflow: {t0} + {n} tokens > {self.max_tokens}")
@@ -42,7 +42,7 @@ class BatchBuilder:
         self.token_seq[t0:t0 + n] = s
         self.token_context[t0:t0 + n] = self.positions[t0:t0 + n] + 1
         self.slot_mapping[t0:t0 + n] = manager.slot_mapping(seq_id, start, n)
-        self.batched[t0:t0 + n] = batched
+        self.prompt_order[t0:t0 + n] = prompt_order
         self.num_tokens += n
         self.num_sequences += 1
         if not want_logits:
@@ -56,13 +56,13 @@ class BatchBuilder:
         return ForwardBatch(self.token_ids[:t], self.positions[:t], self.token_seq[:t],
                             self.token_context[:t], self.slot_mapping[:t],
                             self.block_tables[:self.num_sequences], self.logits_rows[:self.num_logits],
-                            self.batched[:t])
+                            self.prompt_order[:t])
 
 
 LLAMA_CPP_UBATCH = 512   # llama.cpp evaluates a prompt in micro-batches of this many tokens
 
 
-def prompt_token_batched(index: int, num_new_tokens: int) -> bool:
+def in_prompt_order(index: int, num_new_tokens: int) -> bool:
     """Whether llama.cpp sums new prompt token `index` in its multi-token order: its micro-batch
     (of LLAMA_CPP_UBATCH) holds at least two tokens."""
     first = index // LLAMA_CPP_UBATCH * LLAMA_CPP_UBATCH

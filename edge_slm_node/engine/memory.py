@@ -1,22 +1,10 @@
-"""Memory budget at start: refuse to start (with every figure) rather than be OOM-killed later."""
+"""This process's memory as the OS sees it: available RAM, resident size, handing free heap back."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
 import resource
-from dataclasses import replace
-
-from ..model.config import ModelConfig
-from ..model.gguf_file import GGUFFile
-from ..kv.arena import bytes_per_token
-
-RUNTIME_MARGIN_BYTES = 96 * 2**20      # numba JIT, activation buffers, rclpy queues beyond the current RSS
-MIB = 2**20
-
-
-class MemoryBudgetError(RuntimeError):
-    pass
 
 
 def mem_available_bytes(meminfo_path: str = "/proc/meminfo") -> int:
@@ -24,7 +12,7 @@ def mem_available_bytes(meminfo_path: str = "/proc/meminfo") -> int:
         for line in handle:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
-    raise MemoryBudgetError(f"MemAvailable not found in {meminfo_path}")
+    raise OSError(f"MemAvailable not found in {meminfo_path}")
 
 
 def resident_bytes() -> int:
@@ -34,42 +22,6 @@ def resident_bytes() -> int:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def check_memory_budget(settings, model_path: str, logger=None, available: int | None = None):
-    """-> EngineConfig whose weights + KV pool + runtime fit in
-    MemAvailable * min(memory_cap_fraction, 1 - memory_reserve_fraction); sizes the pool when kv_pool_mb = 0."""
-    engine = settings.engine
-    available = mem_available_bytes() if available is None else available
-    allowed = int(available * min(settings.memory_cap_fraction, 1.0 - settings.memory_reserve_fraction))
-    weights = os.path.getsize(model_path)
-    runtime = resident_bytes() + RUNTIME_MARGIN_BYTES
-    model_config = ModelConfig.from_gguf(GGUFFile(model_path))
-    per_block = bytes_per_token(model_config) * engine.block_size
-    if settings.kv_pool_auto:
-        useful = engine.max_sessions * engine.max_context_tokens * bytes_per_token(model_config)
-        kv_bytes = min(allowed - weights - runtime, useful)
-        if kv_bytes < per_block:
-            raise MemoryBudgetError(_figures("no room for a KV pool", available, allowed, weights, 0, runtime,
-                                             settings))
-        engine = replace(engine, kv_pool_mb=kv_bytes / MIB)
-    kv_bytes = int(engine.kv_pool_mb * MIB) // per_block * per_block
-    total = weights + kv_bytes + runtime
-    if total > allowed:
-        raise MemoryBudgetError(_figures("memory budget exceeded", available, allowed, weights, kv_bytes, runtime,
-                                         settings))
-    if logger is not None:
-        logger.info(_figures("memory budget ok", available, allowed, weights, kv_bytes, runtime, settings))
-    # what queued requests may hold: an eighth of the headroom left, within [1, 64] MiB
-    queue_bytes = min(64 * MIB, max(MIB, (allowed - total) // 8))
-    return replace(engine, max_queued_bytes=int(queue_bytes))
-
-
-def _figures(verdict, available, allowed, weights, kv_bytes, runtime, settings) -> str:
-    return (f"{verdict}: weights {weights / MIB:.1f} MiB + KV pool {kv_bytes / MIB:.1f} MiB + runtime "
-            f"{runtime / MIB:.1f} MiB = {(weights + kv_bytes + runtime) / MIB:.1f} MiB; allowed "
-            f"{allowed / MIB:.1f} MiB = MemAvailable {available / MIB:.1f} MiB x min(memory_cap_fraction "
-            f"{settings.memory_cap_fraction:g}, 1 - memory_reserve_fraction {settings.memory_reserve_fraction:g})")
 
 
 def release_free_heap() -> bool:

@@ -58,8 +58,8 @@ class Request:
     generated_ids: list = field(default_factory=list)
     next_token: Optional[int] = None                    # sampled, KV not yet computed
     prefill_done: int = 0                               # tokens of prompt_ids already in KV
-    prefill_chunk: int = 0                              # tokens of prompt_ids in the current forward
-    cached_prompt_tokens: int = 0
+    prefill_from: int = 0                               # prefill_done when last admitted (prompt order)
+    cached_prompt_tokens: int = 0                       # found in KV when first admitted
     text_out: str = ""
     finish_reason: Optional[FinishReason] = None
     error: str = ""
@@ -73,7 +73,7 @@ class Request:
     preemptions: int = 0                                # KV freed for another request, recomputed later
     suspensions: int = 0                                # yielded its decode slot to a waiting request
     turn_steps: int = 0                                 # decode steps since its last admission
-    kv_kept: bool = False                               # suspended: its session's KV still holds the turn
+    kv_kept: bool = False                               # not running, yet its session's KV holds the turn
     events: list = field(default_factory=list)          # kept when on_event is None (sync use)
     held_bytes: int = 0                                 # memory its text and stop strings hold (queue budget)
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -16,6 +15,7 @@ class SessionOwnershipError(InvalidRequestError):
 
 @dataclass
 class Session:
+    """What a conversation is; its requests are the scheduler's, its KV the block manager's."""
     session_id: str
     system_prompt: Optional[str]        # None = no system message
     prefix_ids: list                    # tokens of the rendered system prompt alone
@@ -24,17 +24,10 @@ class Session:
     owner_key: str = ""                 # set: every call on the session must carry it
     auto_created: bool = False          # made by a command for an unknown id, not by create_session
     messages: list = field(default_factory=list)
-    has_kv: bool = False                # a sequence exists in the block manager
-    active: Optional[object] = None     # the Request being served
-    queued: deque = field(default_factory=deque)
     last_used: float = field(default_factory=time.monotonic)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
-
-    @property
-    def busy(self) -> bool:
-        return self.active is not None or bool(self.queued)
 
     def authorize(self, owner_key: str) -> None:
         if self.owner_key and not hmac.compare_digest(self.owner_key.encode(), (owner_key or "").encode()):
@@ -42,17 +35,17 @@ class Session:
             raise SessionOwnershipError(f"session {self.session_id!r} is owned; the call carried {what}")
 
 
-def eviction_victim(sessions: Iterable[Session], in_forward: set, for_owned: bool) -> Optional[Session]:
-    """The idle session to give up when max_sessions is reached, or None.
+def eviction_victim(idle: Iterable[Session], for_owned: bool) -> Optional[Session]:
+    """Which of the idle sessions to give up when max_sessions is reached, or None.
 
     Owned sessions are evicted only to make room for another owned session, so a flood of
     anonymous sessions (commands to new ids, create_session without a key) can take only its
     own kind. Cheapest loss first: unowned before owned, never used for a turn before used,
     auto-created before created; least recently used within each."""
-    idle = [s for s in sessions if not s.busy and s.session_id not in in_forward and (for_owned or not s.owner_key)]
-    if not idle:
+    candidates = [s for s in idle if for_owned or not s.owner_key]
+    if not candidates:
         return None
-    return min(idle, key=lambda s: (bool(s.owner_key), bool(s.messages), not s.auto_created, s.last_used))
+    return min(candidates, key=lambda s: (bool(s.owner_key), bool(s.messages), not s.auto_created, s.last_used))
 
 
 def common_prefix_length(a: list, b: list) -> int:

@@ -7,10 +7,20 @@ import math
 import numpy as np
 from numba import njit
 
+from .ops import bits_float
+
 # f16 bits -> f32, one table entry per bit pattern (256 KiB; used for per-block scales).
 HALF_TO_FLOAT = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 _TWO_POW_112 = np.float32(2.0 ** 112)
+
+
+@njit(cache=True, inline="always")
+def half_to_float(h):
+    """One fp16 bit pattern (uint16) -> float32, exact for finite values (subnormals included)."""
+    w = np.uint32(h)
+    bits = ((w & np.uint32(0x7FFF)) << np.uint32(13)) | ((w & np.uint32(0x8000)) << np.uint32(16))
+    return bits_float(bits) * _TWO_POW_112
 
 
 @njit(cache=True, inline="always")

@@ -200,21 +200,3 @@ def apply_rope(x, positions, cos, sin, neox):
                 c, s = cos[p, i], sin[p, i]
                 x[t, h, a] = fma_f32(x0, c, -(x1 * s))
                 x[t, h, b] = fma_f32(x0, s, x1 * c)
-
-
-@njit(cache=True, inline="always")
-def dequantize_row_q8_0(row, half_to_float, out):
-    """One GGUF Q8_0 row (n/32*34 B, u8) -> out (n,) f32."""
-    signed = row.view(np.int8)
-    for b in range(out.shape[0] // 32):
-        base = b * 34
-        d = half_to_float[np.int64(row[base]) | (np.int64(row[base + 1]) << 8)]
-        for j in range(32):
-            out[b * 32 + j] = d * np.float32(signed[base + 2 + j])
-
-
-@njit(cache=True, nogil=True)
-def embed_q8_0(table, token_ids, half_to_float, out):
-    """Q8_0 table (vocab, n/32*34 B), token_ids (T,) -> out (T, n) f32."""
-    for t in range(token_ids.shape[0]):
-        dequantize_row_q8_0(table[token_ids[t]], half_to_float, out[t])

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model.config import ModelConfig
-
 BYTES_PER_VALUE = 2   # fp16, stored as uint16 bit patterns
 
 
-def bytes_per_token(config: ModelConfig) -> int:
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * BYTES_PER_VALUE
+def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int) -> int:
+    """K and V of one token in every layer."""
+    return num_layers * 2 * num_kv_heads * head_dim * BYTES_PER_VALUE
 
 
 class KVArena:
@@ -21,28 +20,28 @@ class KVArena:
     of that storage: index it, slice it, assign into it; don't reshape it expecting a copy-free view.
     """
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"KV arena needs >= 1 block of >= 1 token (got {num_blocks} x {block_size})")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.bytes_per_token = bytes_per_token(config)
+        self.bytes_per_token = bytes_per_token(num_layers, num_kv_heads, head_dim)
         self.bytes_per_block = self.bytes_per_token * block_size
         # np.zeros maps untouched pages lazily; touch them now so the pool's memory is real at
         # start (an OOM shows up at launch, not mid-shift).
-        storage = np.zeros((config.num_layers, 2, num_blocks, config.num_kv_heads, block_size,
-                            config.head_dim), np.uint16)
+        storage = np.zeros((num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim), np.uint16)
         storage.fill(0)
         self.storage = storage
         self.data = storage.transpose(0, 1, 2, 4, 3, 5)
 
     @classmethod
-    def from_megabytes(cls, config: ModelConfig, pool_mb: float, block_size: int) -> "KVArena":
-        num_blocks = int(pool_mb * 1024 * 1024) // (bytes_per_token(config) * block_size)
+    def from_megabytes(cls, num_layers: int, num_kv_heads: int, head_dim: int, pool_mb: float,
+                       block_size: int) -> "KVArena":
+        per_block = bytes_per_token(num_layers, num_kv_heads, head_dim) * block_size
+        num_blocks = int(pool_mb * 1024 * 1024) // per_block
         if num_blocks < 1:
-            raise ValueError(f"kv_pool_mb={pool_mb} holds no block of {block_size} tokens "
-                             f"({bytes_per_token(config) * block_size} bytes per block)")
-        return cls(config, num_blocks, block_size)
+            raise ValueError(f"kv_pool_mb={pool_mb} holds no block of {block_size} tokens ({per_block} bytes per block)")
+        return cls(num_layers, num_kv_heads, head_dim, num_blocks, block_size)
 
     @property
     def num_bytes(self) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .gguf_metadata import parse_header
-from .quant import QUANT_TYPES, QuantType
+from ..kernels.quants import QuantType, UnsupportedQuantError, quant_type
 
 DEFAULT_ALIGNMENT = 32
 
@@ -93,10 +93,10 @@ class GGUFFile:
         alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         self.data_start = (cursor.pos + alignment - 1) // alignment * alignment
         for name, shape, type_id, offset in infos:
-            quant = QUANT_TYPES.get(type_id)
-            if quant is None:
-                raise GGUFError(f"{self.path}: tensor {name!r} has quantization type id {type_id}, "
-                                f"supported: {sorted(q.name for q in QUANT_TYPES.values())}")
+            try:
+                quant = quant_type(type_id, name)
+            except UnsupportedQuantError as error:
+                raise GGUFError(f"{self.path}: {error}") from error
             num_elements = int(np.prod(shape)) if shape else 1
             if shape[0] % quant.block_size:
                 raise GGUFError(f"{self.path}: tensor {name!r} row length {shape[0]} is not a multiple "

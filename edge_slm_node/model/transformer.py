@@ -1,4 +1,8 @@
-"""The decoder forward pass over a batch of tokens from one or more sequences (paged KV)."""
+"""The decoder forward pass over a batch of tokens from one or more sequences (paged KV).
+
+forward() = embedding -> kernels/layers.decoder_layers (every layer, one GIL-free call) ->
+final norm -> output head. The arguments of the layer kernel are gathered here once.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,15 +11,18 @@ from typing import Optional
 import numpy as np
 
 from ..kernels import ops
-from ..kernels.attention import attention_work, paged_attention, write_kv
-from ..kernels.half import HALF_TO_FLOAT
-from ..kernels.repack import gather_rows_q8_0
+from ..kernels.attention import attention_work, check_work
+from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts, decoder_layers, layer_list,
+                              matmul_table)
+from ..kernels.quants import Q8_0
+from ..kernels.quants.common import new_scratch
+from ..kernels.quants.q8_0 import embed_rows, gather_rows
 from .buffers import resident_zeros
 from .config import ModelConfig
-from .linear import FusedLinear, PreparedInput
-from .quant import Q8_0, dequantize
-from .serial_layers import SerialLayers
+from .linear import FusedLinear
 from .weights import ModelWeights
+
+_EMPTY_F32 = np.zeros(0, np.float32)
 
 
 @dataclass
@@ -25,9 +32,9 @@ class ForwardBatch:
     token_ids, positions, token_seq (row into block_tables), token_context (positions the token
     attends to, itself included), slot_mapping (arena slot its KV is written to): shape (T,).
     block_tables (S, max_blocks). logits_rows: indices into T whose logits are wanted.
-    batched (T,) optional: nonzero where a token's attention is summed in the order llama.cpp
+    prompt_order (T,) optional: nonzero where a token's attention is summed in the order llama.cpp
     uses for a multi-token batch (a prompt) rather than for one token (decode); by default a
-    token is batched when its sequence has two or more tokens in this batch, which is
+    token is prompt_order when its sequence has two or more tokens in this batch, which is
     llama.cpp's rule for one sequence (see kernels/attention.py).
     """
     token_ids: np.ndarray
@@ -37,10 +44,10 @@ class ForwardBatch:
     slot_mapping: np.ndarray
     block_tables: np.ndarray
     logits_rows: np.ndarray
-    batched: Optional[np.ndarray] = None
+    prompt_order: Optional[np.ndarray] = None
 
 
-def batched_tokens(token_seq: np.ndarray, num_sequences: int) -> np.ndarray:
+def default_prompt_order(token_seq: np.ndarray, num_sequences: int) -> np.ndarray:
     """(T,) uint8: 1 where the token's sequence has at least two tokens in the batch."""
     counts = np.bincount(token_seq, minlength=num_sequences)
     return (counts[token_seq] >= 2).astype(np.uint8)
@@ -56,39 +63,38 @@ class Transformer:
         self.max_batch_tokens = max_batch_tokens
         self.max_context = max_context
         c, t = config, max_batch_tokens
-        f32 = np.float32
-        zeros = resident_zeros
-        self.hidden = zeros((t, c.hidden_size), f32)
-        self.normed = zeros((t, c.hidden_size), f32)
-        self.q = zeros((t, c.q_size), f32)
-        self.k = zeros((t, c.kv_size), f32)
-        self.v = zeros((t, c.kv_size), f32)
-        self.attn = zeros((t, c.q_size), f32)
-        self.proj = zeros((t, c.hidden_size), f32)
-        self.gate = zeros((t, c.intermediate_size), f32)
-        self.up = zeros((t, c.intermediate_size), f32)
-        self.logits = zeros((max_logits_rows, c.vocab_size), f32)
-        self.final_normed = zeros((max_logits_rows, c.hidden_size), f32)
-        layer0 = weights.layers[0]
-        # q|k|v and gate|up each run as one kernel call over concatenated packed rows (one thread
-        # wake-up and one pass over the shared input instead of three / two); same results.
+        self.buffers = Activations(*[resident_zeros((t, width), np.float32) for width in (
+            c.hidden_size, c.hidden_size, c.q_size, c.kv_size, c.kv_size, c.q_size, c.hidden_size,
+            c.intermediate_size, c.intermediate_size)], empty=np.zeros((0, 0), np.float32))
+        self.logits = resident_zeros((max_logits_rows, c.vocab_size), np.float32)
+        self.final_normed = resident_zeros((max_logits_rows, c.hidden_size), np.float32)
+        # q|k|v and gate|up each run as one kernel call over concatenated packed rows where
+        # their types allow (one pass over the shared input instead of three / two); same results.
         self.qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
         self.gate_up = [FusedLinear([l.gate, l.up]) for l in weights.layers]
-        self.normed_input = PreparedInput(t, c.hidden_size, layer0.q.needs_q8, layer0.q.needs_half)
-        self.attn_input = PreparedInput(t, c.q_size, layer0.o.needs_q8, layer0.o.needs_half)
-        self.ffn_input = PreparedInput(t, c.intermediate_size, layer0.down.needs_q8, layer0.down.needs_half)
-        self.output_input = PreparedInput(max_logits_rows, c.hidden_size, weights.output.needs_q8,
-                                          weights.output.needs_half)
-        self.rope_cos, self.rope_sin = ops.rope_tables(max_context, c.rotary_dims, c.rope_freq_base)
+        self.layer_arrays = tuple(_layer_arrays(layer, qkv, gate_up)
+                                  for layer, qkv, gate_up in zip(weights.layers, self.qkv, self.gate_up))
+        types = sorted({m.quant.name: m.quant for layer in weights.layers for m in _matrices(layer)}.items())
+        index = {name: i for i, (name, _) in enumerate(types)}
+        self.kernel_of = np.array([index[m.quant.name] for layer in weights.layers for m in _matrices(layer)], np.int32)
+        self.layer_list = layer_list(self.layer_arrays)
+        self.matmuls = {threads: matmul_table([(q.kernels.matmul_parallel if threads else q.kernels.matmul_serial)
+                                               for _, q in types]) for threads in (False, True)}
+        readers = {"hidden": [m for l in weights.layers for m in (l.q, l.k, l.v, l.gate, l.up)],
+                   "q": [l.o for l in weights.layers], "ffn": [l.down for l in weights.layers]}
+        widths = {"hidden": c.hidden_size, "q": c.q_size, "ffn": c.intermediate_size}
+        self.inputs = tuple(new_scratch(t, widths[k], {s for m in readers[k] for s in m.scratch_slots})
+                            for k in ("hidden", "q", "ffn"))
+        self.head_input = new_scratch(max_logits_rows, c.hidden_size, set(weights.output.scratch_slots))
+        rope_cos, rope_sin = ops.rope_tables(max_context, c.rotary_dims, c.rope_freq_base)
         self.attention_work = attention_work(c.num_heads, c.num_kv_heads, c.head_dim, max_context)
-        self.kv_row = np.zeros(c.head_dim, f32)
-        self.kv_half_bits = np.zeros(8, np.uint16)
-        self.attention_scale = np.float32(1.0) / np.sqrt(np.float32(c.head_dim))   # 1.0f/sqrtf(d) as llama.cpp
+        self.consts = LayerConsts(
+            np.float32(c.rms_norm_eps), rope_cos, rope_sin, c.rope_neox, c.num_heads, c.num_kv_heads, c.head_dim,
+            np.float32(1.0) / np.sqrt(np.float32(c.head_dim)),          # 1.0f/sqrtf(d) as llama.cpp
+            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16))
         # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
-        self.embedding_from_head = (weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
-                                    and weights.output.packed is not None)
-        self.serial_layers = SerialLayers.build(self)
+        self.embedding_from_head = weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
 
     def resident_arrays(self) -> list:
         """Every array a forward pass reads or writes: weights and buffers (to lock them in RAM)."""
@@ -96,91 +102,72 @@ class Transformer:
         arrays = [w.output_norm, *w.output.kernel_arrays()]
         if not self.embedding_from_head:
             arrays.append(w.embedding_raw)
-        for layer in w.layers:
-            arrays += [layer.attn_norm, layer.ffn_norm, layer.q_bias, layer.k_bias, layer.v_bias]
-        for linear in w.layer_linears():
-            arrays += linear.kernel_arrays()
-        arrays += [self.hidden, self.normed, self.q, self.k, self.v, self.attn, self.proj, self.gate, self.up,
-                   self.logits, self.final_normed, self.rope_cos, self.rope_sin, self.attention_work,
-                   self.kv_row, self.kv_half_bits]
-        for prepared in (self.normed_input, self.attn_input, self.ffn_input, self.output_input):
-            arrays += prepared.buffers()
-        if self.serial_layers is not None:
-            arrays += self.serial_layers.own_arrays()
-        return [a for a in arrays if a is not None]
+        for layer in self.layer_arrays:
+            arrays += [layer.attn_norm, layer.ffn_norm, layer.q_bias, layer.k_bias, layer.v_bias, *layer.packed,
+                       *layer.tails, *layer.part_ends]
+        c = self.consts
+        arrays += [*self.buffers, self.logits, self.final_normed, c.rope_cos, c.rope_sin, c.attention_work, c.kv_row,
+                   c.kv_bits]
+        for scratch in (*self.inputs, self.head_input):
+            arrays += list(scratch)
+        return [a for a in arrays if a is not None and a.size]
 
     def embed(self, token_ids: np.ndarray, out: np.ndarray) -> None:
         w = self.weights
         if self.embedding_from_head:
-            gather_rows_q8_0(w.output.packed, w.output.tail, token_ids, HALF_TO_FLOAT, out)
+            gather_rows(w.output.packed, w.output.tail, token_ids, out)
         elif w.embedding_quant is Q8_0:
-            ops.embed_q8_0(w.embedding_raw, token_ids, HALF_TO_FLOAT, out)
+            embed_rows(w.embedding_raw, token_ids, out)
         else:
-            out[:] = dequantize(w.embedding_raw[token_ids], w.embedding_quant)
-
-    @property
-    def runs_single_threaded(self) -> bool:
-        """forward(parallel=False) keeps to the calling thread (every weight has a serial kernel), so
-        two Transformers on the same weights can run side by side on two threads."""
-        w = self.weights
-        return all(linear.packed is not None for linear in [w.output, *w.layer_linears()])
+            out[:] = w.embedding_quant.dequantize(w.embedding_raw[token_ids])
 
     def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
         head_dim) u16 (KVArena.data), return logits (len(logits_rows), vocab) — a view of an internal buffer.
-        parallel=False: every kernel on the calling thread (see runs_single_threaded)."""
+        parallel=False: every kernel on the calling thread (side threads run forwards side by side)."""
         c = self.config
         num_tokens = batch.token_ids.shape[0]
         if num_tokens > self.max_batch_tokens:
             raise ValueError(f"batch has {num_tokens} tokens, engine buffers hold {self.max_batch_tokens}")
-        hidden, normed = self.hidden[:num_tokens], self.normed[:num_tokens]
-        q, k, v = self.q[:num_tokens], self.k[:num_tokens], self.v[:num_tokens]
-        attn, proj = self.attn[:num_tokens], self.proj[:num_tokens]
-        gate, up = self.gate[:num_tokens], self.up[:num_tokens]
-        heads_q = q.reshape(num_tokens, c.num_heads, c.head_dim)
-        heads_k = k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        heads_v = v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
-        heads_out = attn.reshape(num_tokens, c.num_heads, c.head_dim)
-        batched = batch.batched
-        if batched is None:
-            batched = batched_tokens(batch.token_seq, batch.block_tables.shape[0])
-        self.embed(batch.token_ids, hidden)
-        activations = (hidden, normed, q, k, v, attn, proj, gate, up, heads_q, heads_k, heads_v, heads_out)
-        if not parallel and self.serial_layers is not None:
-            self.serial_layers.run(batch, batched, kv_arena, activations)
-        else:
-            self._layers(batch, batched, kv_arena, activations, parallel)
+        context = int(batch.token_context.max()) if num_tokens else 0
+        if context > self.max_context:                  # the kernels trust their arguments: check them here
+            raise ValueError(f"attention context {context} > max_context {self.max_context}")
+        check_work(self.attention_work, c.num_heads, c.num_kv_heads, c.head_dim, context)
+        prompt_order = batch.prompt_order
+        if prompt_order is None:
+            prompt_order = default_prompt_order(batch.token_seq, batch.block_tables.shape[0])
+        acts = Activations(*[b[:num_tokens] for b in self.buffers[:-1]], empty=self.buffers.empty)
+        self.embed(batch.token_ids, acts.hidden)
+        decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
+                       BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
+                                   batch.token_context, prompt_order), self.consts, kv_arena, parallel)
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
-        ops.rms_norm(hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
+        ops.rms_norm(acts.hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
         logits = self.logits[:rows]
-        self.weights.output.apply(self.output_input.prepare(final), logits, parallel)
+        self.weights.output.apply(final, self.head_input, logits, parallel)
         return logits
 
-    def _layers(self, batch: ForwardBatch, batched: np.ndarray, kv_arena: np.ndarray, activations: tuple,
-                parallel: bool) -> None:
-        """The layer loop from Python, one kernel call at a time (SerialLayers runs it as one call)."""
-        c = self.config
-        hidden, normed, q, k, v, attn, proj, gate, up, heads_q, heads_k, heads_v, heads_out = activations
-        for index, layer in enumerate(self.weights.layers):
-            ops.rms_norm(hidden, layer.attn_norm, c.rms_norm_eps, normed)
-            prepared = self.normed_input.prepare(normed)
-            self.qkv[index].apply(prepared, (q, k, v), parallel)
-            if layer.q_bias is not None:
-                ops.add_bias(q, layer.q_bias)
-                ops.add_bias(k, layer.k_bias)
-                ops.add_bias(v, layer.v_bias)
-            ops.apply_rope(heads_q, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
-            ops.apply_rope(heads_k, batch.positions, self.rope_cos, self.rope_sin, c.rope_neox)
-            k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
-            write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, self.kv_row, self.kv_half_bits)
-            paged_attention(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq, batch.token_context,
-                            batched, self.attention_scale, heads_out, self.attention_work, None if parallel else False)
-            layer.o.apply(self.attn_input.prepare(attn), proj, parallel)
-            ops.add_in_place(hidden, proj)
-            ops.rms_norm(hidden, layer.ffn_norm, c.rms_norm_eps, normed)
-            prepared = self.normed_input.prepare(normed)
-            self.gate_up[index].apply(prepared, (gate, up), parallel)
-            ops.silu_mul(gate, up, gate)
-            layer.down.apply(self.ffn_input.prepare(gate), proj, parallel)
-            ops.add_in_place(hidden, proj)
+
+def _matrices(layer) -> tuple:
+    return (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+
+
+def _layer_arrays(layer, qkv: FusedLinear, gate_up: FusedLinear) -> LayerArrays:
+    """One layer's arrays in the layer kernel's order (kernels/layers.py); a fused group's
+    first matrix holds the concatenation, the others are left empty."""
+    matrices = list(_matrices(layer))
+    packed = [m.packed for m in matrices]
+    tails = [m.tail for m in matrices]
+    ends = [m.part_ends for m in matrices]
+    for first, group in ((0, qkv), (4, gate_up)):
+        if group.fused:
+            packed[first], tails[first], ends[first] = group.packed, group.tail, group.part_ends
+            for other in range(first + 1, first + len(group.parts)):
+                packed[other] = np.zeros((0, 0), np.uint8)
+                tails[other] = np.zeros((0, 0), np.uint8)
+                ends[other] = np.zeros(1, np.int64)
+    bias = lambda b: _EMPTY_F32 if b is None else np.ascontiguousarray(b)
+    return LayerArrays(np.ascontiguousarray(layer.attn_norm), np.ascontiguousarray(layer.ffn_norm),
+                       bias(layer.q_bias), bias(layer.k_bias), bias(layer.v_bias), tuple(packed), tuple(tails),
+                       tuple(ends), qkv.fused, gate_up.fused)

@@ -6,26 +6,26 @@ from typing import Optional
 
 import numpy as np
 
+from ..kernels.quants import F32, QuantType
 from .config import ModelConfig
 from .gguf_file import GGUFError, GGUFFile
-from .linear import QuantizedLinear
-from .quant import F32, QuantType, dequantize
+from .linear import Linear
 
 
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray          # (hidden,) f32
-    q: QuantizedLinear             # (q_size, hidden)
-    k: QuantizedLinear             # (kv_size, hidden)
-    v: QuantizedLinear             # (kv_size, hidden)
+    q: Linear             # (q_size, hidden)
+    k: Linear             # (kv_size, hidden)
+    v: Linear             # (kv_size, hidden)
     q_bias: Optional[np.ndarray]   # (q_size,) f32, qwen2 only
     k_bias: Optional[np.ndarray]
     v_bias: Optional[np.ndarray]
-    o: QuantizedLinear             # (hidden, q_size)
+    o: Linear             # (hidden, q_size)
     ffn_norm: np.ndarray           # (hidden,) f32
-    gate: QuantizedLinear          # (intermediate, hidden)
-    up: QuantizedLinear            # (intermediate, hidden)
-    down: QuantizedLinear          # (hidden, intermediate)
+    gate: Linear          # (intermediate, hidden)
+    up: Linear            # (intermediate, hidden)
+    down: Linear          # (hidden, intermediate)
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ModelWeights:
     embedding_raw: np.ndarray      # (vocab, bytes_per_row) as stored
     embedding_quant: QuantType
     output_norm: np.ndarray        # (hidden,) f32
-    output: QuantizedLinear        # (vocab, hidden); token_embd when tied
+    output: Linear        # (vocab, hidden); token_embd when tied
     layers: list
 
     def layer_linears(self) -> list:
@@ -64,16 +64,16 @@ def _vector(gguf: GGUFFile, name: str, length: int) -> np.ndarray:
     raw = gguf.tensor_bytes(name)
     if info.quant is F32:
         return raw.reshape(-1).view(np.float32)
-    return dequantize(raw.reshape(1, -1), info.quant).reshape(-1)
+    return info.quant.dequantize(raw.reshape(1, -1)).reshape(-1)
 
 
 def _optional_vector(gguf: GGUFFile, name: str, length: int) -> Optional[np.ndarray]:
     return _vector(gguf, name, length) if name in gguf.tensors else None
 
 
-def _linear(gguf: GGUFFile, name: str, in_features: int, out_features: int) -> QuantizedLinear:
+def _linear(gguf: GGUFFile, name: str, in_features: int, out_features: int) -> Linear:
     info = _tensor(gguf, name, (in_features, out_features))
-    return QuantizedLinear(name, gguf.tensor_bytes(name), info.quant, in_features)
+    return Linear(name, gguf.tensor_bytes(name), info.quant, in_features)
 
 
 def load_weights(gguf: GGUFFile, config: ModelConfig) -> ModelWeights:
@@ -102,7 +102,7 @@ def load_weights(gguf: GGUFFile, config: ModelConfig) -> ModelWeights:
     if "output.weight" in gguf.tensors:
         output = _linear(gguf, "output.weight", hidden, config.vocab_size)
     else:                                                   # tied embeddings
-        output = QuantizedLinear("token_embd.weight", embedding_raw, embedding.quant, hidden)
+        output = Linear("token_embd.weight", embedding_raw, embedding.quant, hidden)
     return ModelWeights(
         embedding_raw=embedding_raw,
         embedding_quant=embedding.quant,

@@ -24,12 +24,13 @@ from edge_slm_node.msg import Command, TokenChunk
 
 from ..engine.config import ConfigError
 from ..engine.engine import Engine
-from ..engine.memory import check_memory_budget, resident_bytes
+from ..engine.memory import resident_bytes
 from ..model.gguf_file import GGUFError, GGUFFile
 from ..model.loader import default_model_path
 from .commands import CommandStreams, cancel_everything
 from .executor import BoundedExecutor
 from .generate_action import GenerateServer
+from .memory_budget import check_memory_budget
 from .guard import forward_engine_log, guarded_subscription, guarded_timer
 from .params import PARAMETERS, descriptor, runtime_from_values, settings_from_values
 from .process_memory import configure_process_memory

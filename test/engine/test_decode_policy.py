@@ -1,28 +1,27 @@
-"""DecodePolicy: measure the candidate ways, run the fastest by median, re-measure the others ever more rarely."""
-from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeWay
+"""DecodePolicy: measure the candidate modes, run the fastest by median, re-measure the others ever more rarely."""
+from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeThreading
 
-SPLIT, ONE, POOL = DecodeWay.SPLIT, DecodeWay.ONE_THREAD, DecodeWay.POOL
+SPLIT, ONE = DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD
 
 
-def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True, has_pool=True):
-    """seconds: way -> step time; -> the ways chosen."""
+def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True):
+    """seconds: mode -> step time; -> the modes chosen."""
     choices = []
     for step in range(steps):
-        way = policy.choose(sequences, can_split, has_pool)
-        policy.record(sequences, way, seconds[way] * (10 if step == outlier_at else 1))
-        choices.append(way)
+        mode = policy.choose(sequences, can_split)
+        policy.record(sequences, mode, seconds[mode] * (10 if step == outlier_at else 1))
+        choices.append(mode)
     return choices
 
 
 def trial_starts(choices, best):
-    return [i for i, way in enumerate(choices) if way is not best and (i == 0 or choices[i - 1] is not way)]
+    return [i for i, mode in enumerate(choices) if mode is not best and (i == 0 or choices[i - 1] is not mode)]
 
 
 def test_candidates():
-    assert DecodePolicy.ways(4, can_split=True, has_pool=True) == (SPLIT, ONE)
-    assert DecodePolicy.ways(1, can_split=True, has_pool=True) == (ONE, POOL)
-    assert DecodePolicy.ways(4, can_split=False, has_pool=True) == (ONE, POOL)     # unpacked weights
-    assert DecodePolicy.ways(4, can_split=False, has_pool=False) == (ONE,)         # num_threads 1
+    assert DecodePolicy.modes(4, can_split=True) == (SPLIT, ONE)
+    assert DecodePolicy.modes(1, can_split=True) == (ONE,)
+    assert DecodePolicy.modes(4, can_split=False) == (ONE,)                          # num_threads 1
 
 
 def test_close_ways_get_full_trials_then_the_fastest_runs_and_trials_grow_rarer():
@@ -42,7 +41,7 @@ def test_a_clearly_slower_way_costs_one_step_per_trial():
     choices = run(policy, 4, {SPLIT: 0.016, ONE: 0.025}, 100)
     assert choices[:5] == [SPLIT, ONE, SPLIT, SPLIT, SPLIT]          # ONE is not given a trial
     assert choices.count(ONE) == 1 + len(trial_starts(choices[5:], SPLIT))
-    assert all(choices[i + 1] is SPLIT for i, way in enumerate(choices[:-1]) if way is ONE)
+    assert all(choices[i + 1] is SPLIT for i, mode in enumerate(choices[:-1]) if mode is ONE)
 
 
 def test_a_slow_first_step_does_not_decide():
@@ -55,7 +54,7 @@ def test_a_slow_first_step_does_not_decide():
 def test_follows_a_change_of_load_and_keeps_sizes_apart():
     policy = DecodePolicy(window=3, trials=2, explore_every=8)
     run(policy, 4, {SPLIT: 0.020, ONE: 0.026}, 12)
-    assert run(policy, 1, {ONE: 0.013, POOL: 0.015}, 16)[6:].count(ONE) >= 8
+    assert run(policy, 1, {ONE: 0.013}, 16) == [ONE] * 16
     later = run(policy, 4, {SPLIT: 0.040, ONE: 0.027}, 40)                   # another process now busy
     assert later[-20:].count(ONE) >= 17
     assert policy.estimate(4, ONE) < policy.estimate(4, SPLIT)
@@ -64,11 +63,10 @@ def test_follows_a_change_of_load_and_keeps_sizes_apart():
 
 def test_forced_way_and_single_candidates_skip_the_measuring():
     policy = DecodePolicy()
-    policy.forced = POOL
-    assert run(policy, 1, {ONE: 0.01, POOL: 0.03}, 5) == [POOL] * 5
-    assert policy.choose(3, can_split=True, has_pool=True) is POOL               # also where it is no candidate
+    policy.forced = ONE
+    assert run(policy, 3, {ONE: 0.03, SPLIT: 0.01}, 5) == [ONE] * 5
     policy.forced = SPLIT
-    assert policy.choose(1, can_split=True, has_pool=True) is ONE                # one sequence cannot split
+    assert policy.choose(1, can_split=True) is ONE                # one sequence cannot split
     policy.forced = None
-    assert policy.choose(3, can_split=True, has_pool=True) is SPLIT
-    assert run(policy, 2, {ONE: 0.01}, 3, can_split=False, has_pool=False) == [ONE] * 3
+    assert policy.choose(3, can_split=True) is SPLIT
+    assert run(policy, 2, {ONE: 0.01}, 3, can_split=False) == [ONE] * 3

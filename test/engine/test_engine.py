@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from edge_slm_node.engine.decode_policy import DecodeWay
+from edge_slm_node.engine.decode_policy import DecodeThreading
 from edge_slm_node.engine.engine import UnknownSessionError
 from edge_slm_node.engine.request import FinishReason
 from edge_slm_node.engine.sampling import InvalidRequestError, SamplingParams
@@ -125,33 +125,33 @@ def test_concurrent_sessions_batched_equal_alone(make_engine, threads):
     engine = make_engine(num_threads=threads)
     prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
     alone = answers_alone(engine, prompts)
-    split_before = engine.scheduler.split_steps
+    split_before = engine.runner.split_steps
     requests = [engine.submit(sid, text, GREEDY) for sid, text in prompts.items()]
     engine.step()                           # the three new prompt parts fit one forward step
     assert all(r.first_token_at is not None for r in requests)
     run_to_completion(engine, requests)
     for request in requests:
         assert request.generated_ids == alone[request.session_id]
-    assert engine.scheduler.split_steps > split_before      # 3 sequences over 2 or 3 threads
+    assert engine.runner.split_steps > split_before      # 3 sequences over 2 or 3 threads
     assert_pool_consistent(engine)
 
 
 def test_every_decode_way_gives_the_same_answers(make_engine):
-    """split, one thread (layers in one kernel call) and thread pool, each forced for a whole run."""
+    """split and one thread (layers in one kernel call), each forced for a whole run."""
     engine = make_engine()
     prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
     answers = {}
-    for way in DecodeWay:
-        engine.scheduler.decode_policy.forced = way
-        sids = [f"{way.name}-{sid}" for sid in prompts]
+    for mode in DecodeThreading:
+        engine.runner.decode_policy.forced = mode
+        sids = [f"{mode.name}-{sid}" for sid in prompts]
         for sid in sids:
             engine.create_session(sid)
         requests = [engine.submit(sid, text, GREEDY) for sid, text in zip(sids, prompts.values())]
         run_to_completion(engine, requests)
         alone = answer(engine, sids[0], "And G02?")[1]           # one session decoding
-        answers[way] = [r.generated_ids for r in requests] + [alone.generated_ids]
-    assert answers[DecodeWay.SPLIT] == answers[DecodeWay.ONE_THREAD] == answers[DecodeWay.POOL]
-    assert engine.scheduler.split_steps > 0
+        answers[mode] = [r.generated_ids for r in requests] + [alone.generated_ids]
+    assert answers[DecodeThreading.SPLIT] == answers[DecodeThreading.ONE_THREAD]
+    assert engine.runner.split_steps > 0
     assert_pool_consistent(engine)
 
 
@@ -175,7 +175,7 @@ def test_split_decode_failure_ends_both_halves_with_an_error_and_recovers(make_e
     engine = make_engine()
     for sid in ("a", "b"):
         engine.create_session(sid)
-    side = engine.sides[0].transformer
+    side = engine.runner.sides[0].transformer
     good_work = side.attention_work
     side.attention_work = np.zeros((good_work.shape[0], 8), np.float32)     # too small: the kernel refuses
     requests = [engine.submit(sid, "What is G01?", GREEDY) for sid in ("a", "b")]

@@ -50,7 +50,7 @@ def test_engine_locks_weights_arena_and_buffers_and_still_answers_the_same(make_
     if not can_lock(400 * 2**20):
         pytest.skip("no CAP_IPC_LOCK and RLIMIT_MEMLOCK below 400 MiB")
     plain, engine = make_engine(), make_engine(lock_memory=True)
-    arrays = engine.resident_arrays()
+    arrays = engine.runner.resident_arrays()
     try:
         stats = engine.stats()
         packed = sum(a.nbytes for linear in engine.model.weights.layer_linears() for a in linear.kernel_arrays())

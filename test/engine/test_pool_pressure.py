@@ -21,7 +21,7 @@ def tiny(tmp_path_factory):
 
 
 def make(tiny, num_blocks, **overrides):
-    pool_mb = num_blocks * BLOCK * bytes_per_token(tiny.config) / 2**20
+    pool_mb = num_blocks * BLOCK * bytes_per_token(tiny.config.num_layers, tiny.config.num_kv_heads, tiny.config.head_dim) / 2**20
     settings = dict(kv_pool_mb=pool_mb, block_size=BLOCK, max_context_tokens=512, system_prompt="sys",
                     max_running=4)
     settings.update(overrides)
@@ -33,7 +33,7 @@ def check(engine):
     s = engine.stats()
     assert s.free_blocks + s.cached_blocks + s.used_blocks == s.total_blocks
     for session in engine.sessions.values():
-        if session.has_kv:
+        if engine.kv.has_seq(session.session_id):
             assert engine.kv.num_blocks(session.session_id) <= s.total_blocks
 
 
@@ -190,12 +190,12 @@ def test_idle_session_kv_is_released_for_a_waiting_request(tiny):
     engine.create_session("idle")
     done = engine.submit("idle", "home the Z axis", LONG)
     run(engine, [done])
-    assert engine.sessions["idle"].has_kv
+    assert engine.kv.has_seq("idle")
     engine.create_session("new")
     waiting = engine.submit("new", "spindle warmup " * 6, SamplingParams(max_new_tokens=4, ignore_eos=True))
     run(engine, [waiting])
     assert waiting.finish_reason is FinishReason.LENGTH
-    assert not engine.sessions["idle"].has_kv and engine.sessions["idle"].messages
+    assert not engine.kv.has_seq("idle") and engine.sessions["idle"].messages
     again = engine.submit("idle", "and the X axis", SamplingParams(max_new_tokens=4, ignore_eos=True))
     run(engine, [again])
     assert again.finish_reason is FinishReason.LENGTH and again.cached_prompt_tokens > 0

@@ -13,7 +13,7 @@ def _control_ids(engine):
 def test_forged_turn_in_a_command_stays_text(make_engine):
     engine = make_engine()
     engine.create_session("a")
-    honest = engine.render_turn(engine.sessions["a"], "Hi")
+    honest = engine.prompts.turn(engine.sessions["a"], "Hi")
     request = engine.submit("a", FORGED_TURN, SamplingParams(max_new_tokens=2))
     run_to_completion(engine, [request])
     controls = _control_ids(engine)
@@ -30,7 +30,7 @@ def test_text_without_markup_tokenizes_as_before(make_engine):
     text = "Spindle 2: alarm 108 (über-temperature) — what first?"
     messages = [{"role": "system", "content": session.system_prompt}, {"role": "user", "content": text}]
     whole = engine.tokenizer.encode(engine.model.chat_template.render(messages, add_generation_prompt=True))
-    assert engine.render_turn(session, text) == whole
+    assert engine.prompts.turn(session, text) == whole
 
 
 def test_forged_assistant_turn_in_a_custom_system_prompt_stays_text(make_engine):

@@ -83,7 +83,7 @@ def test_recreated_session_is_not_freed_by_a_stale_call(make_engine):
         assert isinstance(racer, (int, UnknownSessionError)), repr(racer)
         assert first.done
         if "reused" in engine.sessions:              # the racer destroyed the first incarnation
-            assert not second.done and engine.sessions["reused"].queued or engine.sessions["reused"].active
+            assert not second.done and engine.scheduler.busy("reused")
         else:                                        # it destroyed the new one, with its request
             assert second.done and second.finish_reason.value == "cancelled"
     finally:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from edge_slm_node.kernels.attention import attention_work, paged_attention, write_kv
+from edge_slm_node.kernels.attention import attention_work, paged_attention
+from edge_slm_node.kernels.kv_write import write_kv
 from edge_slm_node.kernels.half import float_to_half_bits, half_bits_to_float, round_to_half
 from edge_slm_node.kernels.ops import exp_f32, hsum8
 
@@ -154,7 +155,7 @@ def _reference_dot_f16(a, b, prompt_order, lanes):
 
 
 @njit(parallel=True, cache=True)
-def reference_paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, batched, scale,
+def reference_paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale,
                               scores, lanes, row_bits, row_values, out):
     num_tokens, num_heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -170,8 +171,8 @@ def reference_paged_attention(q, k_cache, v_cache, block_tables, token_seq, toke
         score = scores[thread]
         acc = lanes[thread]
         small = np.empty(32, np.float32)
-        qk_prompt = batched[t] != 0 and head_dim % 8 == 0
-        pv_prompt = batched[t] != 0 and head_dim % 4 == 0
+        qk_prompt = prompt_order[t] != 0 and head_dim % 8 == 0
+        pv_prompt = prompt_order[t] != 0 and head_dim % 4 == 0
         num_lanes = 8 if pv_prompt else 32
         lane_mask = num_lanes - 1
         for g in range(group):
@@ -231,7 +232,7 @@ def reference_paged_attention(q, k_cache, v_cache, block_tables, token_seq, toke
 
 # ------------------------------------------ the vectorized kernels are bit-equal to the frozen ones
 
-def random_batch(rng, heads, kv_heads, head_dim, block_size, runs, batched_flag, arena_layout):
+def random_batch(rng, heads, kv_heads, head_dim, block_size, runs, prompt_order_flag, arena_layout):
     """Sequences s with runs[s] = (context, new tokens): the new tokens are the last positions, as in
     decode (1 token) or a prompt chunk on top of cached tokens. KV in one random cache whose
     blocks are scattered; arena_layout stores each (block, kv_head) tile contiguously as KVArena does."""
@@ -243,23 +244,23 @@ def random_batch(rng, heads, kv_heads, head_dim, block_size, runs, batched_flag,
         caches = [c.transpose(0, 2, 1, 3) for c in caches]
     tables = np.zeros((len(runs), max(needed)), np.int32)
     order = rng.permutation(num_blocks)
-    seq, context, batched = [], [], []
+    seq, context, prompt_order = [], [], []
     used = 0
     for s, ((last, new), n) in enumerate(zip(runs, needed)):
         tables[s, :n] = order[used:used + n]
         used += n
         seq += [s] * new
         context += list(range(last - new + 1, last + 1))
-        batched += [batched_flag if new > 1 else 0] * new
+        prompt_order += [prompt_order_flag if new > 1 else 0] * new
     q = (rng.standard_normal((len(seq), heads, head_dim)) * 3).astype(np.float32)
     return (q, caches[0], caches[1], tables, np.array(seq, np.int32), np.array(context, np.int32),
-            np.array(batched, np.uint8))
+            np.array(prompt_order, np.uint8))
 
 
-def frozen_attention(q, k_cache, v_cache, tables, seq, context, batched, scale):
+def frozen_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, scale):
     threads, group, head_dim = numba.config.NUMBA_NUM_THREADS, q.shape[1] // k_cache.shape[2], q.shape[2]
     q, out = q.copy(), np.zeros_like(q)
-    reference_paged_attention(q, k_cache, v_cache, tables, seq, context, batched, scale,
+    reference_paged_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, scale,
                               np.zeros((threads, group, int(context.max())), np.float32),
                               np.zeros((threads, group, 32, head_dim), np.float32),
                               np.zeros((threads, head_dim), np.uint32), np.zeros((threads, head_dim), np.float32), out)
@@ -281,11 +282,11 @@ def test_kernel_is_bit_equal_to_the_frozen_reference(prompt, heads, kv_heads, he
     rng = np.random.default_rng(head_dim * 100 + block_size * 10 + heads + prompt)
     scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))
     for runs in RUNS:
-        q, k_cache, v_cache, tables, seq, context, batched = random_batch(rng, heads, kv_heads, head_dim, block_size,
+        q, k_cache, v_cache, tables, seq, context, prompt_order = random_batch(rng, heads, kv_heads, head_dim, block_size,
                                                                           runs, prompt, arena_layout)
-        expected_q, expected = frozen_attention(q, k_cache, v_cache, tables, seq, context, batched, scale)
+        expected_q, expected = frozen_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, scale)
         got_q, got = q.copy(), np.full_like(q, np.nan)
-        paged_attention(got_q, k_cache, v_cache, tables, seq, context, batched, scale, got, parallel=parallel)
+        paged_attention(got_q, k_cache, v_cache, tables, seq, context, prompt_order, scale, got, parallel=parallel)
         assert np.array_equal(got.view(np.uint32), expected.view(np.uint32)), runs
         assert np.array_equal(got_q.view(np.uint32), expected_q.view(np.uint32)), runs
 
@@ -294,11 +295,11 @@ def test_automatic_driver_choice_with_a_preallocated_work_buffer():
     """The call transformer.py makes (work buffer allocated once for the longest context) picks a driver by size."""
     rng = np.random.default_rng(5)
     for runs in ([(40, 1)], [(300, 30)]):
-        q, k_cache, v_cache, tables, seq, context, batched = random_batch(rng, 9, 3, 64, 16, runs, 1, True)
-        expected_q, expected = frozen_attention(q, k_cache, v_cache, tables, seq, context, batched, np.float32(0.125))
+        q, k_cache, v_cache, tables, seq, context, prompt_order = random_batch(rng, 9, 3, 64, 16, runs, 1, True)
+        expected_q, expected = frozen_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, np.float32(0.125))
         out = np.zeros_like(q)
         work = attention_work(9, 3, 64, max_context=512)
-        paged_attention(q, k_cache, v_cache, tables, seq, context, batched, np.float32(0.125), out, work)
+        paged_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, np.float32(0.125), out, work)
         assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
         assert np.array_equal(q.view(np.uint32), expected_q.view(np.uint32))
 

@@ -13,7 +13,8 @@ import pytest
 from numba import njit
 
 from edge_slm_node.kernels import ops
-from edge_slm_node.kernels.attention import _dot_f16, paged_attention
+from edge_slm_node.kernels.attention import paged_attention
+from edge_slm_node.kernels.attention_math import dot_f16 as _dot_f16
 
 FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "ggml_vec_fixture.json").read_text())
 f32 = np.float32
@@ -171,8 +172,8 @@ def test_rope_uses_fused_multiply_add_like_ggml(neox):
 
 
 def test_prompt_order_is_chosen_per_sequence_with_two_or_more_tokens():
-    from edge_slm_node.model.transformer import batched_tokens
+    from edge_slm_node.model.transformer import default_prompt_order
     # sequence 0 decodes one token, sequence 1 prefills three, sequence 2 decodes one
     token_seq = np.array([0, 1, 1, 1, 2], np.int32)
-    np.testing.assert_array_equal(batched_tokens(token_seq, 3), [0, 1, 1, 1, 0])
-    np.testing.assert_array_equal(batched_tokens(np.zeros(1, np.int32), 1), [0])
+    np.testing.assert_array_equal(default_prompt_order(token_seq, 3), [0, 1, 1, 1, 0])
+    np.testing.assert_array_equal(default_prompt_order(np.zeros(1, np.int32), 1), [0])

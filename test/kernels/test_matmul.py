@@ -1,5 +1,5 @@
-"""Quantized matmuls: packed and GGUF-layout kernels bit-equal to scalar references (Q4_1, Q8_0 in
-llama.cpp's summation order), close to NumPy."""
+"""Quantized matmuls (kernels/quants): packed kernels and their GGUF-layout tail rows bit-equal to
+scalar references (Q4_1, Q8_0 in llama.cpp's summation order) and to llama.cpp itself, close to NumPy."""
 import base64
 import json
 import mmap
@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edge_slm_node.kernels import matmul, matmul_rows
-from edge_slm_node.model import linear as linear_module
+from gguf.quants import quantize
+
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
 from edge_slm_node.kernels.quantize import quantize_rows_q8
-from edge_slm_node.kernels.repack import gather_rows_q8_0, repack, unpack
-from edge_slm_node.model.linear import FusedLinear, PreparedInput, QuantizedLinear, release_file_pages
-from edge_slm_node.model.quant import F16, F32, Q4_0, Q4_1, Q8_0, dequantize, quantize
+from edge_slm_node.kernels.quants import F16, F32, Q4_0, Q4_1, Q8_0, q4_0, q4_1, q8_0
+from edge_slm_node.kernels.quants.common import ROWS_PER_GROUP, new_scratch
+from edge_slm_node.model.linear import FusedLinear, Linear, release_file_pages
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -98,180 +98,250 @@ def _llama_q8_0(weights, xq, xd, half_to_float, out):
             out[t, r] = _llama_hsum(lanes)
 
 
-def _scalar_reference(raw, quant, prepared):
-    out = np.zeros((prepared.num_tokens, raw.shape[0]), np.float32)
+class Quantized:
+    """x (T, K) and its activations as the kernels quantize them (int8 q, f16-rounded d and d*sum(q))."""
+
+    def __init__(self, x):
+        self.x = x
+        self.num_tokens, length = x.shape
+        self.xq = np.zeros((self.num_tokens, length), np.int8)
+        self.xd = np.zeros((self.num_tokens, length // 32), np.float32)
+        self.xs = np.zeros_like(self.xd)
+        quantize_rows_q8(x, self.xq, self.xd, self.xs)
+
+
+def _scalar_reference(raw, quant, acts):
+    out = np.zeros((acts.num_tokens, raw.shape[0]), np.float32)
     if quant is Q4_1:
-        _llama_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+        _llama_q4_1(raw, acts.xq, acts.xd, acts.xs, HALF_TO_FLOAT, out)
     elif quant is Q4_0:
-        _simple_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        _simple_q4_0(raw, acts.xq, acts.xd, HALF_TO_FLOAT, out)
     else:
-        _llama_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        _llama_q8_0(raw, acts.xq, acts.xd, HALF_TO_FLOAT, out)
     return out
 
 
-def _gguf_reference_kernel(raw, quant, prepared):
-    out = np.zeros((prepared.num_tokens, raw.shape[0]), np.float32)
+@njit
+def _rows_q4_1(raw, xq, xd, xs, out):
+    for r in range(raw.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, r] = q4_1.row_dot(raw[r], xq[t], xd[t], xs[t])
+
+
+@njit
+def _rows_q4_0(raw, xq, xd, out):
+    for r in range(raw.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, r] = q4_0.row_dot(raw[r], xq[t], xd[t])
+
+
+@njit
+def _rows_q8_0(raw, xq, xd, out):
+    for r in range(raw.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, r] = q8_0.row_dot(raw[r], xq[t], xd[t])
+
+
+def _gguf_row_kernel(raw, quant, acts):
+    """Every row through the GGUF-layout row kernel the packed kernels use for their tail rows."""
+    out = np.zeros((acts.num_tokens, raw.shape[0]), np.float32)
     if quant is Q4_1:
-        matmul_rows.matmul_q4_1(raw, prepared.xq, prepared.xd, prepared.xs, HALF_TO_FLOAT, out)
+        _rows_q4_1(raw, acts.xq, acts.xd, acts.xs, out)
     elif quant is Q4_0:
-        matmul_rows.matmul_q4_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        _rows_q4_0(raw, acts.xq, acts.xd, out)
     else:
-        matmul_rows.matmul_q8_0(raw, prepared.xq, prepared.xd, HALF_TO_FLOAT, out)
+        _rows_q8_0(raw, acts.xq, acts.xd, out)
     return out
 
 
-def _numpy_reference(raw, quant, prepared):
+def _numpy_reference(raw, quant, acts):
     """float64 dequantize(W) @ dequantized activations (+ Q4_1's m*xs term as the kernels use it);
     also returns |W| @ |x|, the scale of the rounding error a float32 accumulation may make."""
-    weights = dequantize(raw, quant).astype(np.float64)
-    blocks = prepared.xd.shape[1]
-    xq = prepared.xq.astype(np.float64).reshape(prepared.num_tokens, blocks, 32)
-    x = (xq * prepared.xd[:, :, None]).reshape(prepared.num_tokens, -1)
+    weights = quant.dequantize(raw).astype(np.float64)
+    blocks = acts.xd.shape[1]
+    xq = acts.xq.astype(np.float64).reshape(acts.num_tokens, blocks, 32)
+    x = (xq * acts.xd[:, :, None]).reshape(acts.num_tokens, -1)
     ref = x @ weights.T
     if quant is Q4_1:   # dequantize's m*sum(x) -> m*xs (xs = fp16(d*sum(q)), as the kernels use)
         m = raw.reshape(-1, 20)[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(raw.shape[0], blocks)
-        correction = prepared.xs - prepared.xd * xq.sum(axis=2)
+        correction = acts.xs - acts.xd * xq.sum(axis=2)
         ref += correction @ m.T
     return ref, np.abs(x) @ np.abs(weights).T
 
 
-@pytest.fixture(params=["serial", "parallel"])
-def threading(request, monkeypatch):
-    """Run the packed kernels on the calling thread, or always on numba's thread pool."""
-    limit = 0 if request.param == "parallel" else 1 << 62
-    monkeypatch.setattr(linear_module, "PARALLEL_MIN_BYTES", limit)
-    monkeypatch.setattr(linear_module, "PARALLEL_MIN_MACS", limit)
-    return request.param
-
-
-def _prepared(tokens, length, seed):
+def _x(tokens, length, seed):
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((tokens, length)) * rng.uniform(0.1, 3.0, (tokens, 1))).astype(np.float32)
-    return PreparedInput(tokens, length, True, False).prepare(x)
+    return (rng.standard_normal((tokens, length)) * rng.uniform(0.1, 3.0, (tokens, 1))).astype(np.float32)
 
 
 def _raw(quant, rows, length, seed):
     rng = np.random.default_rng(seed)
     weights = rng.standard_normal((rows, length)).astype(np.float32) * rng.uniform(0.01, 1.0, (rows, 1))
-    return quantize(weights.astype(np.float32), quant)
+    return quantize(weights.astype(np.float32), quant.ggml_type)
+
+
+def _scratch(parts, tokens, length):
+    return new_scratch(tokens, length, {slot for part in parts for slot in part.scratch_slots})
+
+
+def _apply(linear, x, parallel):
+    out = np.full((x.shape[0], linear.out_features), np.nan, np.float32)
+    linear.apply(x, _scratch([linear], *x.shape), out, parallel)
+    return out
 
 
 @pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [1, 7, 8, 13, 37])
 @pytest.mark.parametrize("length", [32, 64, 576, 1536])
 @pytest.mark.parametrize("tokens", [1, 3, 17])
-def test_kernels_bit_equal_to_scalar_reference(quant, rows, length, tokens, threading):
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+def test_kernels_bit_equal_to_scalar_reference(quant, rows, length, tokens, parallel):
     raw = _raw(quant, rows, length, seed=rows * 1000 + length)
-    prepared = _prepared(tokens, length, seed=tokens)
-    linear = QuantizedLinear("w", raw, quant, length)
-    out = np.full((tokens, rows), np.nan, np.float32)
-    linear.apply(prepared, out)
-    expected = _scalar_reference(raw, quant, prepared)
+    x = _x(tokens, length, seed=tokens)
+    acts = Quantized(x)
+    out = _apply(Linear("w", raw, quant, length), x, parallel)
+    expected = _scalar_reference(raw, quant, acts)
     np.testing.assert_array_equal(out, expected)
-    np.testing.assert_array_equal(_gguf_reference_kernel(raw, quant, prepared), expected)
-    ref, scale = _numpy_reference(raw, quant, prepared)
+    np.testing.assert_array_equal(_gguf_row_kernel(raw, quant, acts), expected)
+    ref, scale = _numpy_reference(raw, quant, acts)
     assert np.all(np.abs(out - ref) <= 1e-3 * np.abs(ref) + 1e-5 * scale)
+
+
+@pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
+def test_thread_pool_split_is_bit_equal(quant):
+    """Big enough for matmul_parallel to split its row groups over the thread pool."""
+    rows, length, tokens = 261, 1536, 17                        # 6.8M multiply-adds, a 5-row tail
+    raw = _raw(quant, rows, length, seed=11)
+    x = _x(tokens, length, seed=12)
+    linear = Linear("w", raw, quant, length)
+    np.testing.assert_array_equal(_apply(linear, x, True), _apply(linear, x, False))
+    np.testing.assert_array_equal(_apply(linear, x[:1], True), _scalar_reference(raw, quant, Quantized(x[:1])))
 
 
 GGML_FIXTURE = json.loads((Path(__file__).parents[1] / "fixtures" / "ggml_matmul_fixture.json").read_text())
 
 
 def _ggml_case_inputs(case):
-    """The fixture's GGUF weight bytes and ggml Q8_1 / Q8_0 activation blocks as a PreparedInput."""
+    """The fixture's GGUF weight bytes and ggml's own Q8_1 / Q8_0 activation blocks."""
     rows, length, tokens = case["rows"], case["length"], case["tokens"]
     raw = np.frombuffer(base64.b64decode(case["weights"]), np.uint8).reshape(rows, -1).copy()
     size = 36 if case["quant"] == "Q4_1" else 34          # block_q8_1: d, s, qs[32]; block_q8_0: d, qs[32]
     blocks = np.frombuffer(base64.b64decode(case["activations"]), np.uint8).reshape(tokens, length // 32, size)
     halves = lambda at: np.ascontiguousarray(blocks[:, :, at:at + 2]).view(np.float16)[..., 0].astype(np.float32)
-    prepared = PreparedInput(tokens, length, True, False)
-    prepared.num_tokens = tokens
-    prepared.xd = halves(0)
-    prepared.xs = halves(2) if size == 36 else np.zeros_like(prepared.xd)
-    prepared.xq = np.ascontiguousarray(blocks[:, :, size - 32:]).view(np.int8).reshape(tokens, length)
-    return raw, prepared
+    acts = Quantized(np.zeros((tokens, length), np.float32))
+    acts.xd = halves(0)
+    acts.xs = halves(2) if size == 36 else np.zeros_like(acts.xd)
+    acts.xq = np.ascontiguousarray(blocks[:, :, size - 32:]).view(np.int8).reshape(tokens, length)
+    return raw, acts
 
 
 @pytest.mark.parametrize("case", GGML_FIXTURE["cases"],
                          ids=[f"{c['quant']}-{c['rows']}x{c['length']}-T{c['tokens']}" for c in GGML_FIXTURE["cases"]])
-def test_kernels_equal_llama_cpp_vec_dot(case, threading):
+def test_kernels_equal_llama_cpp_vec_dot(case):
     """Bit-equal to llama.cpp's own ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 (AVX2+FMA build),
-    whose outputs make_ggml_matmul_fixture.py recorded: packed groups, tail rows, token tiles."""
+    whose outputs make_ggml_matmul_fixture.py recorded: packed groups, tail rows, token tiles. The
+    fixture holds ggml's quantized activations, so the kernels' row groups run on those directly."""
     quant = {"Q4_1": Q4_1, "Q8_0": Q8_0}[case["quant"]]
-    raw, prepared = _ggml_case_inputs(case)
+    raw, acts = _ggml_case_inputs(case)
     want = np.array(case["out"], np.uint32).view(np.float32).reshape(case["tokens"], case["rows"])
+    linear = Linear("w", raw, quant, case["length"])
     out = np.full(want.shape, np.nan, np.float32)
-    QuantizedLinear("w", raw, quant, case["length"]).apply(prepared, out)
+    empty = np.zeros((0, 0), np.float32)
+    if quant is Q4_1:
+        packed_acts = (acts.xq, acts.xd, acts.xs)
+    else:
+        packed_acts = (acts.xq, acts.xq.astype(np.int16), acts.xd)
+    module = quant.kernels
+    module._groups(0, linear.packed.shape[0], linear.packed, packed_acts, (out, empty, empty), linear.part_ends)
+    module._tail(linear.tail, packed_acts, (out, empty, empty), linear.part_ends)
     np.testing.assert_array_equal(out, want)
-    np.testing.assert_array_equal(_gguf_reference_kernel(raw, quant, prepared), want)
-    np.testing.assert_array_equal(_scalar_reference(raw, quant, prepared), want)
+    np.testing.assert_array_equal(_gguf_row_kernel(raw, quant, acts), want)
+    np.testing.assert_array_equal(_scalar_reference(raw, quant, acts), want)
+
+
+def _unpack(packed, tail, quant):
+    """Inverse of the type's pack: packed groups + tail -> GGUF rows."""
+    scale_bytes = {Q4_1: 4, Q4_0: 2, Q8_0: 2}[quant]
+    chunk = {Q4_1: 4, Q4_0: 4, Q8_0: 2}[quant]
+    size, rows = quant.type_size, ROWS_PER_GROUP
+    blocks = packed.shape[1] // (rows * size)
+    p = packed.reshape(packed.shape[0], blocks, rows * size)
+    halves = p[..., :scale_bytes * rows].reshape(-1, blocks, scale_bytes // 2, rows, 2).transpose(0, 1, 3, 2, 4)
+    payload = p[..., scale_bytes * rows:].reshape(-1, blocks, (size - scale_bytes) // chunk, rows, chunk)
+    block = np.concatenate([halves.reshape(-1, blocks, rows, scale_bytes),
+                            payload.transpose(0, 1, 3, 2, 4).reshape(-1, blocks, rows, size - scale_bytes)], axis=3)
+    return np.concatenate([block.transpose(0, 2, 1, 3).reshape(-1, blocks * size), tail], axis=0)
 
 
 @pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("rows", [0, 5, 8, 21])
 def test_repack_keeps_every_byte(quant, rows):
     raw = _raw(quant, max(rows, 1), 96, seed=rows)[:rows]
-    packed, tail = repack(raw, quant)
+    packed, tail = quant.kernels.pack(raw)
     assert packed.nbytes + tail.nbytes == raw.nbytes
-    np.testing.assert_array_equal(unpack(packed, tail, quant), raw)
+    np.testing.assert_array_equal(_unpack(packed, tail, quant), raw)
 
 
 @pytest.mark.parametrize("rows", [8, 21])
 def test_gathered_packed_q8_0_rows_equal_dequantized_gguf_rows(rows):
     raw = _raw(Q8_0, rows, 96, seed=rows)
-    packed, tail = repack(raw, Q8_0)
+    packed, tail = Q8_0.kernels.pack(raw)
     wanted = np.array([0, rows - 1, 3, 7, rows // 2, 3], np.int32)       # group rows, tail rows, repeats
     out = np.full((len(wanted), 96), np.nan, np.float32)
-    gather_rows_q8_0(packed, tail, wanted, HALF_TO_FLOAT, out)
-    np.testing.assert_array_equal(out, dequantize(raw, Q8_0)[wanted])
+    q8_0.gather_rows(packed, tail, wanted, out)
+    np.testing.assert_array_equal(out, Q8_0.dequantize(raw)[wanted])
+    q8_0.embed_rows(raw, wanted, out)
+    np.testing.assert_array_equal(out, Q8_0.dequantize(raw)[wanted])
 
 
 @pytest.mark.parametrize("quant", [Q4_0, Q4_1, Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("part_rows", [(64, 16, 16), (24, 13), (8, 8, 8), (13, 8)])
 @pytest.mark.parametrize("tokens", [1, 6])
-def test_fused_linear_equals_separate_parts(quant, part_rows, tokens, threading):
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+def test_fused_linear_equals_separate_parts(quant, part_rows, tokens, parallel):
     length = 128
-    parts = [QuantizedLinear(f"p{i}", _raw(quant, rows, length, seed=i), quant, length) for i, rows in enumerate(part_rows)]
-    prepared = _prepared(tokens, length, seed=7)
-    separate = [np.zeros((tokens, p.out_features), np.float32) for p in parts]
-    for part, out in zip(parts, separate):
-        part.apply(prepared, out)
+    parts = [Linear(f"p{i}", _raw(quant, rows, length, seed=i), quant, length) for i, rows in enumerate(part_rows)]
+    x = _x(tokens, length, seed=7)
+    separate = [_apply(part, x, parallel) for part in parts]
     fused = FusedLinear(parts)
     assert fused.fused == all(rows % 8 == 0 for rows in part_rows[:-1])
     outs = [np.full((tokens, p.out_features), np.nan, np.float32) for p in parts]
-    fused.apply(prepared, outs)
+    fused.apply(x, _scratch(parts, tokens, length), outs, parallel)
     for got, want, part in zip(outs, separate, parts):
         np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(got, _scalar_reference(part.raw, quant, prepared))
+        np.testing.assert_array_equal(got, _scalar_reference(part.raw, quant, Quantized(x)))
     for part, out in zip(parts, separate):         # the parts still work alone (packed are views)
-        again = np.zeros_like(out)
-        part.apply(prepared, again)
-        np.testing.assert_array_equal(again, out)
+        np.testing.assert_array_equal(_apply(part, x, parallel), out)
     if fused.fused:                                 # fusing the same parts again copies nothing
         assert FusedLinear(parts).packed.ctypes.data == fused.packed.ctypes.data
 
 
-def test_fused_linear_of_float_weights_applies_parts():
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+def test_float_weights_apply_part_by_part(parallel):
     rng = np.random.default_rng(3)
     w = [rng.standard_normal((n, 64)).astype(np.float32) for n in (16, 8)]
-    parts = [QuantizedLinear("a", quantize(w[0], F32), F32, 64), QuantizedLinear("b", quantize(w[1], F16), F16, 64)]
+    stored = [quantize(w[0], F32.ggml_type).view(np.uint8), quantize(w[1], F16.ggml_type).view(np.uint8)]
+    parts = [Linear("a", stored[0], F32, 64), Linear("b", stored[1], F16, 64)]
     fused = FusedLinear(parts)
-    assert not fused.fused and fused.needs_half
+    assert not fused.fused
     x = rng.standard_normal((3, 64)).astype(np.float32)
-    prepared = PreparedInput(3, 64, fused.needs_q8, fused.needs_half).prepare(x)
     outs = [np.zeros((3, 16), np.float32), np.zeros((3, 8), np.float32)]
-    fused.apply(prepared, outs)
+    fused.apply(x, _scratch(parts, 3, 64), outs, parallel)
     np.testing.assert_allclose(outs[0], x @ w[0].T, rtol=1e-5, atol=1e-5)
     half = x.astype(np.float16).astype(np.float64) @ w[1].astype(np.float16).astype(np.float64).T
     np.testing.assert_allclose(outs[1], half, rtol=1e-4, atol=1e-4)
 
 
-def test_apply_rejects_wrong_output():
-    linear = QuantizedLinear("w", _raw(Q4_1, 16, 64, seed=1), Q4_1, 64)
-    prepared = _prepared(2, 64, seed=1)
+def test_apply_rejects_wrong_shapes():
+    linear = Linear("w", _raw(Q4_1, 16, 64, seed=1), Q4_1, 64)
+    x = _x(2, 64, seed=1)
+    scratch = _scratch([linear], 2, 64)
     with pytest.raises(ValueError, match="shape"):
-        linear.apply(prepared, np.zeros((2, 15), np.float32))
+        linear.apply(x, scratch, np.zeros((2, 15), np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
-        linear.apply(prepared, np.zeros((16, 2), np.float32).T)
+        linear.apply(x, scratch, np.zeros((16, 2), np.float32).T)
+    with pytest.raises(ValueError, match="input"):
+        linear.apply(_x(2, 32, seed=1), scratch, np.zeros((2, 16), np.float32))
 
 
 def test_release_file_pages_only_touches_file_mappings(tmp_path):
@@ -281,7 +351,7 @@ def test_release_file_pages_only_touches_file_mappings(tmp_path):
     with open(path, "rb") as handle:
         mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     view = np.frombuffer(memoryview(mapping), np.uint8, count=raw.size, offset=100).reshape(raw.shape)
-    linear = QuantizedLinear("w", view, Q4_1, 64)            # repacks, then releases the pages
+    linear = Linear("w", view, Q4_1, 64)                     # repacks, then releases the pages
     assert release_file_pages(view)
     np.testing.assert_array_equal(view, raw)                 # pages come back from the file
     in_memory = raw.copy()
@@ -293,18 +363,16 @@ def test_release_file_pages_only_touches_file_mappings(tmp_path):
 
 _GENERIC_CHECK = textwrap.dedent("""
     import numpy as np
-    from test_matmul import _scalar_reference, _prepared, _raw
-    from edge_slm_node.model import linear
-    from edge_slm_node.model.linear import QuantizedLinear
-    from edge_slm_node.model.quant import Q4_0, Q4_1, Q8_0
-    for quant, limit in ((Q4_0, 0), (Q4_1, 0), (Q8_0, 0), (Q4_0, 1 << 62), (Q4_1, 1 << 62), (Q8_0, 1 << 62)):
-        linear.PARALLEL_MIN_BYTES = linear.PARALLEL_MIN_MACS = limit
-        for rows, length, tokens in ((13, 64, 1), (37, 576, 17)):
+    from test_matmul import Quantized, _apply, _raw, _scalar_reference, _x
+    from edge_slm_node.kernels.quants import Q4_0, Q4_1, Q8_0
+    from edge_slm_node.model.linear import Linear
+    for quant in (Q4_0, Q4_1, Q8_0):
+        for rows, length, tokens in ((13, 64, 1), (37, 576, 17), (261, 1536, 17)):
             raw = _raw(quant, rows, length, seed=rows)
-            prepared = _prepared(tokens, length, seed=tokens)
-            out = np.zeros((tokens, rows), np.float32)
-            QuantizedLinear("w", raw, quant, length).apply(prepared, out)
-            assert np.array_equal(out, _scalar_reference(raw, quant, prepared)), (quant.name, rows, length, tokens)
+            x = _x(tokens, length, seed=tokens)
+            for parallel in (False, True):
+                out = _apply(Linear("w", raw, quant, length), x, parallel)
+                assert np.array_equal(out, _scalar_reference(raw, quant, Quantized(x))), (quant.name, rows, tokens)
     print("generic ok")
 """)
 
@@ -314,5 +382,5 @@ def test_generic_vector_code_without_avx2_is_bit_equal():
     path = os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "test", "kernels")])
     env = dict(os.environ, NUMBA_CPU_NAME="generic", PYTHONPATH=path)
     result = subprocess.run([sys.executable, "-c", _GENERIC_CHECK], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0 and "generic ok" in result.stdout, result.stderr[-3000:]

@@ -30,7 +30,7 @@ def runner(model):
 
 def greedy(model, runner, prompt_ids, count):
     """Prefill in 128-token chunks through a scattered block table, then decode greedily."""
-    arena = KVArena(model.config, num_blocks=40, block_size=BLOCK)
+    arena = KVArena(model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, num_blocks=40, block_size=BLOCK)
     table = np.random.default_rng(len(prompt_ids)).permutation(40).astype(np.int32)[None, :]
 
     def run(tokens, start):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from edge_slm_node.kv.arena import KVArena
-from edge_slm_node.model import quant as q
+from edge_slm_node.kernels import quants as q
 from edge_slm_node.model.gguf_file import GGUFError
 from edge_slm_node.model.loader import load_model
 from edge_slm_node.model.transformer import ForwardBatch, Transformer
@@ -16,7 +16,7 @@ BLOCK = 4
 def run_paged(model, token_ids, chunks, parallel=True):
     """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token."""
     config = model.config
-    arena = KVArena(config, num_blocks=32, block_size=BLOCK)
+    arena = KVArena(config.num_layers, config.num_kv_heads, config.head_dim, num_blocks=32, block_size=BLOCK)
     transformer = Transformer(config, model.weights, max_batch_tokens=64, max_context=128, max_logits_rows=64)
     table = np.random.default_rng(0).permutation(32).astype(np.int32)[None, :]
     logits, start = [], 0
@@ -56,23 +56,21 @@ def test_chunked_prefill_equals_one_pass(tmp_path):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("weight_quant", [q.Q4_1, q.Q4_0, q.Q8_0, q.F16])
-def test_single_threaded_layers_equal_the_python_layer_loop(tmp_path, arch, weight_quant):
-    """forward(parallel=False) runs all layers in one kernel (SerialLayers) for packed weights:
-    bit-equal to the layer loop, for prompt chunks and one-token steps, with and without biases."""
+def test_single_threaded_forward_equals_the_thread_pool_one(tmp_path, arch, weight_quant):
+    """forward(parallel=False) runs every kernel on the calling thread, parallel=True the big ones
+    on the pool: bit-equal, for prompt chunks and one-token steps, with and without biases."""
     path = write_tiny_model(tmp_path / "tiny.gguf", arch, weight_quant, tied=arch == "llama")
     model = load_model(str(path))
-    transformer = Transformer(model.config, model.weights, max_batch_tokens=8, max_context=16, max_logits_rows=8)
-    assert (transformer.serial_layers is not None) == (weight_quant is not q.F16)
     tokens = list(np.random.default_rng(3).integers(0, model.config.vocab_size, 13))
     chunks = [6, 1, 4, 1, 1]
     np.testing.assert_array_equal(run_paged(model, tokens, chunks, parallel=False),
                                   run_paged(model, tokens, chunks, parallel=True))
 
 
-def test_single_threaded_layers_check_the_context(tmp_path):
+def test_forward_checks_the_context_before_the_kernels(tmp_path):
     model = load_model(str(write_tiny_model(tmp_path / "tiny.gguf")))
     transformer = Transformer(model.config, model.weights, max_batch_tokens=4, max_context=8, max_logits_rows=4)
-    arena = KVArena(model.config, num_blocks=4, block_size=BLOCK)
+    arena = KVArena(model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, num_blocks=4, block_size=BLOCK)
     table = np.arange(4, dtype=np.int32)[None, :]
     batch = ForwardBatch(np.array([1], np.int32), np.array([8], np.int32), np.zeros(1, np.int32),
                          np.array([9], np.int32), np.array([8], np.int32), table, np.zeros(1, np.int32))

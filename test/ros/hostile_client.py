@@ -117,6 +117,8 @@ class Hostile:
         while time.monotonic() < deadline:
             act()
             self.spin()
+        from rclpy.duration import Duration
+        self.publisher.wait_for_all_acked(Duration(seconds=60))   # our last commands reach the node
         wait_until = time.monotonic() + 180
         while not all(f.done() for f in self.futures) and time.monotonic() < wait_until:
             self.rclpy.spin_once(self.node, timeout_sec=0.05)

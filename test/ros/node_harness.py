@@ -77,7 +77,10 @@ class RosClient:
         self.node.create_subscription(PoolStatus, "pool_status", self.pools.append, 100)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self.diagnostics.append, 100)
         self.command_publisher = self.node.create_publisher(Command, "command", qos)
-        self.services = {name: self.node.create_client(kind, name) for name, kind in [
+        # keep-all replies: a service's answers reach every client of it, and a neighbour's flood of
+        # them would push ours out of a keep-last queue (README, "Hostile clients")
+        replies = QoSProfile(depth=100, history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
+        self.services = {name: self.node.create_client(kind, name, qos_profile=replies) for name, kind in [
             ("create_session", CreateSession), ("destroy_session", DestroySession),
             ("reset_session", ResetSession), ("cancel_generation", CancelGeneration)]}
         self.types = {"create_session": CreateSession, "destroy_session": DestroySession,

@@ -1,9 +1,13 @@
-"""Soak: the node in its own process, N clients creating, chatting, resetting, cancelling and
-destroying sessions at random for a set time, with the checks an operator cares about.
+"""Soak: the node in its own process, N honest operators creating, chatting, resetting, cancelling
+and destroying owned sessions at random, next to hostile clients (test/ros/hostile_client.py:
+crash races, forged turns, oversized fields, floods, slot grabbing) taking turns in their own
+processes, with the checks an operator cares about.
 
-    . scripts/env.sh && python test/soak/soak.py --minutes 30 --sessions 8
-Every drain (all sessions destroyed) checks used blocks == idle baseline; at the end: every request
-got exactly one final chunk, resident memory slope after warm-up, no traceback or error in the log.
+    . scripts/env.sh && python test/soak/soak.py --minutes 30 --sessions 8 [--no-hostile]
+Every drain (all sessions destroyed, hostile clients paused) checks used blocks == idle baseline;
+at the end: every honest and every hostile command got exactly one final chunk, every hostile
+service call an answer, the honest first-token times, the resident memory slope after warm-up,
+no traceback or error in the log.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import argparse
 import json
 import os
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +27,10 @@ sys.path.insert(0, str(HERE.parent / "ros"))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from node_harness import NodeProcess, RosClient, write_params   # noqa: E402
+
+HOSTILE = HERE.parent / "ros" / "hostile_client.py"
+HOSTILE_MODES = ["race", "inject", "oversized", "flood", "slots"]
+HOSTILE_RUN_S = 15.0
 
 QUESTIONS = ["Why is spindle 2 alarming?", "Shut off valve three.", "What does G28 do?", "Home the Z axis.",
              "Alarm 108 after tool change: what now?", "Coolant pressure is 3 bar, is that low?",
@@ -33,6 +43,7 @@ class SoakClient:
     def __init__(self, name: str, rng: random.Random):
         self.name, self.rng = name, rng
         self.session = None
+        self.key = f"key-{name}"         # honest operators own their sessions (hostile ones cannot touch them)
         self.pending = None              # (request_id, cancel_at) while a command runs
         self.future = None               # a service call in flight
 
@@ -47,36 +58,40 @@ class SoakClient:
             if any(ch.done for ch in c.chunks_of(request_id)):
                 self.pending = None
             elif cancel_at is not None and time.monotonic() > cancel_at:
-                self.future = soak.call_async("cancel_generation", session_id=self.session)
+                self.future = soak.call_async("cancel_generation", session_id=self.session, owner_key=self.key)
                 self.pending = (request_id, None)
             return
         roll = self.rng.random()
         if self.session is None:
             self.session = f"{self.name}-{soak.next_id()}"
-            self.future = soak.call_async("create_session", session_id=self.session)
+            self.future = soak.call_async("create_session", session_id=self.session, owner_key=self.key)
         elif roll < 0.65:
             request_id = soak.next_id()
             soak.sent.append(request_id)
             cancel_at = time.monotonic() + self.rng.uniform(0.05, 1.0) if self.rng.random() < 0.15 else None
             c.send(self.session, self.rng.choice(QUESTIONS), request_id,
                    max_new_tokens=self.rng.randint(1, 24), temperature=self.rng.choice([0.0, 0.7]),
-                   seed=self.rng.randint(0, 1000))
+                   seed=self.rng.randint(0, 1000), owner_key=self.key)
             self.pending = (request_id, cancel_at)
         elif roll < 0.8:
-            self.future = soak.call_async("reset_session", session_id=self.session)
+            self.future = soak.call_async("reset_session", session_id=self.session, owner_key=self.key)
         else:
-            self.future = soak.call_async("destroy_session", session_id=self.session)
+            self.future = soak.call_async("destroy_session", session_id=self.session, owner_key=self.key)
             self.session = None
 
 
 class Soak:
-    def __init__(self, client: RosClient, sessions: int, seed: int):
+    def __init__(self, client: RosClient, sessions: int, seed: int, hostile: bool, env: dict):
         self.client = client
         self.rng = random.Random(seed)
         self.operators = [SoakClient(f"op{i}", random.Random(seed + i)) for i in range(sessions)]
         self.sent: list[int] = []
         self._counter = 10_000
         self.drains: list[dict] = []
+        self.hostile, self.env = hostile, env
+        self.hostile_process = None
+        self.hostile_runs: list[dict] = []
+        self._hostile_ids = 100_000_000
 
     def next_id(self) -> int:
         self._counter += 1
@@ -95,8 +110,10 @@ class Soak:
         for operator in self.operators:
             operator.pending, operator.future = None, None
             if operator.session is not None:
-                c.call("destroy_session", session_id=operator.session)
+                c.call("destroy_session", session_id=operator.session, owner_key=operator.key)
                 operator.session = None
+        for session in c.latest_pool().sessions:             # what the hostile clients left behind
+            c.call("destroy_session", session_id=session.session_id)
         pool = c.wait_pool(lambda p: not p.sessions and p.queue_length == 0, "an empty pool after the drain", 60)
         self.drains.append({"t": time.monotonic(), "used_blocks": pool.used_blocks, "rss": pool.rss_bytes})
         assert pool.used_blocks == baseline_used, f"leak: {pool.used_blocks} used blocks, baseline {baseline_used}"
@@ -110,9 +127,12 @@ class Soak:
             for operator in self.operators:
                 operator.act(self)
             c.executor.spin_once(timeout_sec=0.02)
-            if time.monotonic() > next_drain:
+            hostile_running = self.tend_hostile(stop=time.monotonic() > next_drain)
+            if time.monotonic() > next_drain and not hostile_running:
                 self.drain(baseline)
                 next_drain = time.monotonic() + drain_every_s
+        while self.tend_hostile(stop=True):
+            c.executor.spin_once(timeout_sec=0.05)
         self.drain(baseline)
         finals: dict[int, int] = {}
         for chunk in c.chunks:
@@ -120,13 +140,47 @@ class Soak:
                 finals[chunk.request_id] = finals.get(chunk.request_id, 0) + 1
         missing = [r for r in self.sent if finals.get(r, 0) == 0]
         duplicated = [r for r in self.sent if finals.get(r, 0) > 1]
+        honest = set(self.sent)
         reasons: dict[str, int] = {}
+        errors: dict[str, int] = {}
+        ttfts = []
         for chunk in c.chunks:
-            if chunk.done:
+            if chunk.done and chunk.request_id in honest:
                 reasons[chunk.finish_reason] = reasons.get(chunk.finish_reason, 0) + 1
+                if chunk.ttft_ms > 0:
+                    ttfts.append(chunk.ttft_ms)
+                if chunk.error:
+                    errors[chunk.error[:70]] = errors.get(chunk.error[:70], 0) + 1
+        hostile_sent = [r for run in self.hostile_runs for r in run["sent"]]
+        ttfts.sort()
         return {"seconds": time.monotonic() - started, "requests": len(self.sent), "missing_final": missing,
-                "duplicate_final": duplicated, "finish_reasons": reasons, "drains": len(self.drains),
+                "duplicate_final": duplicated, "finish_reasons": reasons, "errors": errors, "drains": len(self.drains),
+                "honest_ttft_ms": {"median": statistics.median(ttfts) if ttfts else 0.0,
+                                   "p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else 0.0,
+                                   "max": ttfts[-1] if ttfts else 0.0},
+                "hostile": {"runs": [r["mode"] for r in self.hostile_runs], "commands": len(hostile_sent),
+                            "missing_final": [r for r in hostile_sent if finals.get(r, 0) == 0][:20],
+                            "duplicate_final": [r for r in hostile_sent if finals.get(r, 0) > 1][:20],
+                            "service_calls": sum(r["calls"] for r in self.hostile_runs),
+                            "service_answers": sum(r["answers"] for r in self.hostile_runs)},
                 "baseline_used_blocks": baseline, "rss_slope_mib_per_hour": self.rss_slope()}
+
+    def tend_hostile(self, stop: bool) -> bool:
+        """Collect a finished hostile client, start the next mode unless stopping; -> one is running."""
+        if self.hostile_process is not None and self.hostile_process.poll() is not None:
+            out, err = self.hostile_process.communicate()
+            if self.hostile_process.returncode != 0:
+                raise AssertionError(f"hostile client failed:\n{err[-2000:]}")
+            self.hostile_runs.append(json.loads(out.strip().splitlines()[-1]))
+            self.hostile_process = None
+        if self.hostile and self.hostile_process is None and not stop:
+            mode = HOSTILE_MODES[len(self.hostile_runs) % len(HOSTILE_MODES)]
+            self._hostile_ids += 1_000_000
+            self.hostile_process = subprocess.Popen(
+                [sys.executable, str(HOSTILE), mode, "--seconds", str(HOSTILE_RUN_S), "--first-id",
+                 str(self._hostile_ids), "--session", f"hostile-{mode}", "--seed", str(len(self.hostile_runs))],
+                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self.hostile_process is not None
 
     def rss_slope(self) -> float:
         """Least-squares slope of RSS over pool_status samples after the first third (warm-up)."""
@@ -145,15 +199,19 @@ def log_problems(log: str) -> list[str]:
     return [line for line in log.splitlines() if "Traceback" in line or "[ERROR]" in line or "[FATAL]" in line]
 
 
-def soak(seconds: float, sessions: int, seed: int = 1, drain_every_s: float = 20.0, env=None) -> dict:
+def soak(seconds: float, sessions: int, seed: int = 1, drain_every_s: float = 20.0, env=None,
+         hostile: bool = True) -> dict:
+    env = env or dict(os.environ)
     with tempfile.TemporaryDirectory() as directory:
-        params = write_params(Path(directory), kv_pool_mb=24.0, max_context_tokens=640, max_sessions=sessions,
-                              max_new_tokens=24, session_idle_timeout_s=0.0, status_rate_hz=2.0)
-        node = NodeProcess(params, env or dict(os.environ))
+        # room for the honest sessions plus a few anonymous ones, which evict each other
+        params = write_params(Path(directory), kv_pool_mb=24.0, max_context_tokens=640, max_sessions=sessions + 4,
+                              max_new_tokens=24, session_idle_timeout_s=0.0, status_rate_hz=2.0,
+                              service_rate_limit_hz=500.0, qos_depth=1000)
+        node = NodeProcess(params, env)
         client = RosClient(node)
         try:
             client.wait_ready()
-            report = Soak(client, sessions, seed).run(seconds, drain_every_s)
+            report = Soak(client, sessions, seed, hostile, env).run(seconds, drain_every_s)
         finally:
             client.close()
             node.stop()
@@ -167,10 +225,14 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=2.0)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-hostile", action="store_true", help="honest operators only")
     args = parser.parse_args()
-    report = soak(args.minutes * 60, args.sessions, args.seed)
+    report = soak(args.minutes * 60, args.sessions, args.seed, hostile=not args.no_hostile)
     print(json.dumps(report, indent=2))
-    ok = not report["missing_final"] and not report["duplicate_final"] and not report["log_problems"]
+    hostile = report["hostile"]
+    ok = (not report["missing_final"] and not report["duplicate_final"] and not report["log_problems"]
+          and not hostile["missing_final"] and not hostile["duplicate_final"]
+          and hostile["service_calls"] == hostile["service_answers"] and report["node_exit_code"] == 0)
     return 0 if ok else 1
 
 

@@ -9,7 +9,7 @@ from ..model.transformer import ForwardBatch, Transformer
 from .batch import BatchBuilder
 
 
-class SideForward:
+class ForwardThread:
     """Owns a Transformer (its own activation buffers, the shared weights), a BatchBuilder and one
     daemon thread. run() starts batch on that thread; wait() returns its logits or re-raises."""
 

@@ -1,0 +1,140 @@
+"""Carries out a StepPlan on the model: batch building, the forward pass, and how decode runs.
+
+A step with prompt chunks runs one forward with the big kernels on numba's thread pool. A
+decode-only step runs as DecodePolicy chooses: on the engine thread alone, or split into up to
+num_threads parts, one per thread, each a whole forward on its sequences (one hand-off per
+step instead of a pool wake-up per matmul). Both modes give the same logits: each kernel
+computes a sequence's rows independently of the others.
+"""
+from __future__ import annotations
+
+import time
+
+import numba
+
+from ..kv.arena import KVArena
+from ..kv.block_manager import KVBlockManager
+from ..model.loader import LoadedModel
+from ..model.transformer import Transformer
+from .batch import BatchBuilder, in_prompt_order
+from .config import EngineConfig
+from .decode_policy import DecodePolicy, DecodeThreading
+from .plan import StepPlan
+from .forward_thread import ForwardThread
+
+WARM_UP_SEQ_KEY = ("warm-up",)           # a throwaway one-token sequence run at start-up
+
+
+class ModelRunner:
+    def __init__(self, model: LoadedModel, config: EngineConfig, arena: KVArena, max_context: int):
+        self.arena = arena
+        self.pool_threads = min(config.num_threads, numba.config.NUMBA_NUM_THREADS)
+        numba.set_num_threads(self.pool_threads)
+        self.max_batch_tokens = config.max_batch_tokens
+        max_blocks = -(-max_context // config.block_size)
+        self.transformer = Transformer(model.config, model.weights, config.max_batch_tokens, max_context,
+                                       max_logits_rows=config.max_running + 1)
+        self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
+        self.sides: list[ForwardThread] = []
+        if config.max_running >= 2:
+            self.sides = [ForwardThread(Transformer(model.config, model.weights, config.max_running, max_context,
+                                                  max_logits_rows=config.max_running),
+                                      BatchBuilder(config.max_running, config.max_running, max_blocks))
+                          for _ in range(config.num_threads - 1)]
+        self.decode_policy = DecodePolicy()
+        self.split_steps = 0                # decode steps split over the side threads
+
+    def resident_arrays(self) -> list:
+        """Weights, KV arena and every activation buffer (what lock_memory pins in RAM)."""
+        sides = [a for side in self.sides for a in side.transformer.resident_arrays()]
+        return self.transformer.resident_arrays() + sides + [self.arena.storage]
+
+    # ---- a step -------------------------------------------------------------------------------
+    def run(self, plan: StepPlan, kv: KVBlockManager):
+        """-> logits rows (an array or a list of rows), one per decode request, then one per
+        prompt's last chunk, in plan order."""
+        self.arena.copy_blocks(plan.copies)
+        if plan.prompts:
+            self.batch.clear()
+            for request in plan.decode:
+                self.batch.add(kv, request.session_id, [request.next_token], kv.num_tokens(request.session_id), True)
+            for chunk in plan.prompts:
+                request = chunk.request
+                self.batch.add(kv, request.session_id, chunk.token_ids, chunk.start, chunk.last,
+                               prompt_order=_prompt_order(chunk.start, chunk.count, request.prefill_from,
+                                                     len(request.prompt_ids)))
+            return self.transformer.forward(self.batch.build(), self.arena.data, parallel=True)
+        mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides))
+        parts = min(len(self.sides) + 1, len(plan.decode)) if mode is DecodeThreading.SPLIT else 1
+        builders = [self.batch] + [side.batch for side in self.sides[:parts - 1]]
+        for index, builder in enumerate(builders):     # near-equal runs of sequences, in order
+            builder.clear()
+            n = len(plan.decode)
+            for request in plan.decode[index * n // parts:(index + 1) * n // parts]:
+                builder.add(kv, request.session_id, [request.next_token], kv.num_tokens(request.session_id), True)
+        started = time.monotonic()
+        if parts > 1:
+            logits = self._split_forward(self.batch.build(), [b.build() for b in builders[1:]])
+        else:
+            logits = self.transformer.forward(self.batch.build(), self.arena.data, parallel=False)
+        self.decode_policy.record(len(plan.decode), mode, time.monotonic() - started)
+        return logits
+
+    def _split_forward(self, batch, side_batches) -> list:
+        """Each side batch's forward on its side thread while batch's runs here, all with
+        single-threaded kernels; -> logits rows in sequence order (views, nothing allocated)."""
+        self.split_steps += 1
+        sides = self.sides[:len(side_batches)]
+        for side, side_batch in zip(sides, side_batches):
+            side.run(side_batch, self.arena.data)
+        error, rows = None, []
+        try:
+            rows += [*self.transformer.forward(batch, self.arena.data, parallel=False)]
+        except Exception as exc:
+            error = exc
+        for side in sides:                  # every side thread is idle again before the step ends
+            try:
+                rows += [*side.wait()]
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return rows
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def prefill(self, kv: KVBlockManager, seq_id, token_ids: list) -> None:
+        """Compute the KV of an already reserved sequence's tokens (the shared prompt at start)."""
+        start = 0
+        while start < len(token_ids):
+            chunk = token_ids[start:start + self.max_batch_tokens]
+            self.batch.clear()
+            self.batch.add(kv, seq_id, chunk, start, want_logits=True,
+                           prompt_order=_prompt_order(start, len(chunk), 0, len(token_ids)))
+            self.transformer.forward(self.batch.build(), self.arena.data)
+            kv.commit(seq_id, chunk)
+            start += len(chunk)
+
+    def warm_up(self, kv: KVBlockManager) -> None:
+        """Run one throwaway token every way a step can run (thread pool, one thread, every side
+        thread), so kernels are loaded from numba's cache at start-up, not in a user's first step."""
+        queries = kv.prefix_query_tokens
+        kv.allocate_prompt(WARM_UP_SEQ_KEY, [0])
+        kv.prefix_query_tokens = queries                  # not a prompt: keep the hit-rate figures clean
+        try:
+            for builder in [self.batch] + [side.batch for side in self.sides]:
+                builder.clear()
+                builder.add(kv, WARM_UP_SEQ_KEY, [0], 0, want_logits=True)
+            self.transformer.forward(self.batch.build(), self.arena.data, parallel=False)
+            self.transformer.forward(self.batch.build(), self.arena.data, parallel=True)
+            for side in self.sides:
+                side.run(side.batch.build(), self.arena.data)
+            for side in self.sides:
+                side.wait()
+        finally:
+            kv.free(WARM_UP_SEQ_KEY)
+
+
+def _prompt_order(start: int, count: int, first_new: int, end: int) -> list:
+    """Per-token llama.cpp summation order for prompt positions [start, start+count) of a prompt
+    whose new (uncached) tokens are [first_new, end)."""
+    return [in_prompt_order(i - first_new, end - first_new) for i in range(start, start + count)]

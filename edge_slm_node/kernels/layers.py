@@ -1,0 +1,139 @@
+"""The decoder layer, written once: every layer of a batch in one GIL-free call.
+
+Prompt steps and decode steps run this same code; they differ in the matmul kernels they
+pass (each weight type's matmul_parallel or matmul_serial, as function objects with the
+common signature of kernels/quants/common.py) and in `threads` (paged attention on numba's
+thread pool when big enough, else on the calling thread). Arguments come grouped, as
+namedtuples built once by model/transformer.py:
+
+  layers   typed List (layer_list), per layer LayerArrays: norms (n,), biases (rows,) or empty, the packed bytes,
+           tail rows and part ends of its 7 matrices q, k, v, o, gate, up, down (when q|k|v
+           or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty)
+  matmuls  typed List of the distinct matmul kernels (matmul_table), and kernel_of (layers * 7,)
+           int32: matmuls[kernel_of[7 * layer + m]] runs matrix m of that layer. (A tuple of
+           function objects would be unboxed from Python on every call: ~0.2 ms each.)
+  acts     Activations: (T, ·) C-contiguous views for this batch's T tokens
+  inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
+  batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
+           token_context, prompt_order (T,)
+  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch
+"""
+import warnings
+from collections import namedtuple
+
+from numba import njit, types
+from numba.core.errors import NumbaExperimentalFeatureWarning
+from numba.typed import List
+
+from .attention import PARALLEL_MIN_MACS, paged_attention_parallel, paged_attention_serial
+from .kv_write import write_kv
+from .ops import add_bias, add_in_place, apply_rope, rms_norm, silu_mul
+from .quants.common import MATMUL_SIGNATURE
+
+# The matmuls are called through numba's first-class function objects, the one experimental
+# numba feature used here; the tests cover it (bit-equality with the scalar references).
+warnings.filterwarnings("ignore", message="First-class function type feature is experimental",
+                        category=NumbaExperimentalFeatureWarning)
+
+Q, K, V, O, GATE, UP, DOWN = range(7)
+MATRICES = 7
+MATMUL_TYPE = types.FunctionType(MATMUL_SIGNATURE)
+
+
+def matmul_table(kernels) -> List:
+    """The kernels (each weight type's matmul_serial or matmul_parallel) as the typed list
+    decoder_layers takes: passed from Python in O(1). Built by a cached numba function: the
+    typed list's own methods would otherwise compile at every start (~2 s)."""
+    return _table_of(tuple(kernels))
+
+
+def layer_list(layers: tuple) -> List:
+    """The layers' LayerArrays as a typed list: a tuple of them (~30 x 26 arrays) would be
+    unboxed from Python on every call (~0.2 ms), the list is passed in O(1)."""
+    return _list_of(layers)
+
+
+@njit(cache=True)
+def _list_of(items):
+    out = List()
+    for i in range(len(items)):
+        out.append(items[i])
+    return out
+
+
+@njit(cache=True)
+def _table_of(kernels):
+    table = List.empty_list(MATMUL_TYPE)
+    for i in range(len(kernels)):
+        table.append(kernels[i])
+    return table
+
+LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "packed", "tails",
+                                         "part_ends", "qkv_fused", "gate_up_fused"])
+Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "attn", "proj", "gate", "up", "empty"])
+BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
+                                         "prompt_order"])
+LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", "num_heads", "num_kv_heads",
+                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits"])
+
+
+@njit(cache=True, inline="always")
+def _matmul(layer, matmuls, kernel_of, index, m, x, scratch, outs):
+    matmuls[kernel_of[MATRICES * index + m]](layer.packed[m], layer.tails[m], layer.part_ends[m], x, scratch, outs)
+
+
+@njit(cache=True, inline="always")
+def _parts(layer, matmuls, kernel_of, index, first, count, fused, x, scratch, a, b, c, empty):
+    """Matrices first.. first+count-1 (count 2 or 3) on x: one fused call, or one call each."""
+    if fused:
+        _matmul(layer, matmuls, kernel_of, index, first, x, scratch, (a, b, c))
+    else:
+        _matmul(layer, matmuls, kernel_of, index, first, x, scratch, (a, empty, empty))
+        _matmul(layer, matmuls, kernel_of, index, first + 1, x, scratch, (b, empty, empty))
+        if count == 3:
+            _matmul(layer, matmuls, kernel_of, index, first + 2, x, scratch, (c, empty, empty))
+
+
+@njit(cache=True, nogil=True)
+def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_arena, threads):
+    """acts.hidden (T, n) through every layer in place; each layer's K and V written into
+    kv_arena (layers, 2, blocks, block_size, kv_heads, head_dim) u16 at batch.slot_mapping."""
+    c = consts
+    num_tokens = acts.hidden.shape[0]
+    heads_q = acts.q.reshape(num_tokens, c.num_heads, c.head_dim)
+    heads_k = acts.k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+    heads_v = acts.v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
+    heads_out = acts.attn.reshape(num_tokens, c.num_heads, c.head_dim)
+    context = 0
+    for t in range(num_tokens):
+        context = max(context, batch.token_context[t])
+    attention_on_pool = threads and num_tokens * c.num_heads * c.head_dim * 2 * context >= PARALLEL_MIN_MACS
+    model_input, attn_input, ffn_input = inputs
+    empty = acts.empty
+    for index in range(len(layers)):
+        layer = layers[index]
+        rms_norm(acts.hidden, layer.attn_norm, c.eps, acts.normed)
+        _parts(layer, matmuls, kernel_of, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
+        if layer.q_bias.shape[0] > 0:
+            add_bias(acts.q, layer.q_bias)
+            add_bias(acts.k, layer.k_bias)
+            add_bias(acts.v, layer.v_bias)
+        apply_rope(heads_q, batch.positions, c.rope_cos, c.rope_sin, c.neox)
+        apply_rope(heads_k, batch.positions, c.rope_cos, c.rope_sin, c.neox)
+        k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
+        write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
+        if attention_on_pool:
+            paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                                     batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
+                                     c.attention_work)
+        else:
+            paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work)
+        _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
+        add_in_place(acts.hidden, acts.proj)
+        rms_norm(acts.hidden, layer.ffn_norm, c.eps, acts.normed)
+        _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, acts.normed, model_input, acts.gate, acts.up,
+               empty, empty)
+        silu_mul(acts.gate, acts.up, acts.gate)
+        _matmul(layer, matmuls, kernel_of, index, DOWN, acts.gate, ffn_input, (acts.proj, empty, empty))
+        add_in_place(acts.hidden, acts.proj)

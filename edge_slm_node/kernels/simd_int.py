@@ -1,0 +1,127 @@
+"""Integer SIMD primitives of the quantized dot products: byte loads and broadcasts, nibbles,
+pairwise multiply-adds (pmaddubsw / pmaddwd on AVX2, the same semantics as generic LLVM vector
+code elsewhere). All sums are exact for the value ranges used: nibble (0..15) x int8 pairs
+<= 2*15*128 in int16, int8 x int8 pairs in int32.
+Note: numba's cache does not notice edits to this file; setup.sh clears it when kernels/ changes.
+"""
+from numba import types
+from numba.extending import intrinsic
+
+from .simd import (I8x32, I16x16, I32x8, _I32, _const, _has_features, _is_byte_row, _pair_sums, _pointer,
+                   _splat, _vec, _x86_call)
+
+
+@intrinsic
+def load_i8x32(typingctx, arr, index):
+    """arr[index:index+32] of a contiguous 1-D byte array -> I8x32."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 32))
+        return builder.load(p, align=1)
+    return I8x32(arr, index), codegen
+
+
+@intrinsic
+def broadcast_i8x4(typingctx, arr, index):
+    """arr[index:index+4] repeated 8 times -> I8x32."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=1)
+        return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i8", 32))
+    return I8x32(arr, index), codegen
+
+
+@intrinsic
+def low_nibbles(typingctx, v):
+    """byte & 15 for each of the 32 bytes."""
+    if v != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], _const("i8", 32, 15))
+    return I8x32(v), codegen
+
+
+@intrinsic
+def high_nibbles(typingctx, v):
+    """byte >> 4 (unsigned) for each of the 32 bytes."""
+    if v != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], _const("i8", 32, 4))
+    return I8x32(v), codegen
+
+
+@intrinsic
+def dot_pairs_u8_i8(typingctx, unsigned, signed):
+    """u (unsigned bytes) * s (signed bytes), adjacent products summed -> I16x16.
+
+    Exact while |u0*s0 + u1*s1| <= 32767 (pmaddubsw saturates beyond)."""
+    if unsigned != I8x32 or signed != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec("i16", 16), args)
+        wide = _vec("i16", 32)
+        products = builder.mul(builder.zext(args[0], wide), builder.sext(args[1], wide))
+        return _pair_sums(builder, products, 16)
+    return I16x16(unsigned, signed), codegen
+
+
+@intrinsic
+def add_pairs_i16(typingctx, v):
+    """I16x16 -> I32x8, lane i = v[2i] + v[2i+1] (exact)."""
+    if v != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), [args[0], _const("i16", 16, 1)])
+        return _pair_sums(builder, builder.sext(args[0], _vec("i32", 16)), 8)
+    return I32x8(v), codegen
+
+
+@intrinsic
+def dot_pairs_i16(typingctx, a, b):
+    """I16x16 * I16x16, adjacent products summed -> I32x8 (exact)."""
+    if a != I16x16 or b != I16x16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), args)
+        wide = _vec("i32", 16)
+        products = builder.mul(builder.sext(args[0], wide), builder.sext(args[1], wide))
+        return _pair_sums(builder, products, 8)
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def load_i8x16_as_i16(typingctx, arr, index):
+    """arr[index:index+16] signed bytes -> I16x16 (sign-extended)."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 16))
+        return builder.sext(builder.load(p, align=1), _vec("i16", 16))
+    return I16x16(arr, index), codegen
+
+
+@intrinsic
+def broadcast_i16x2(typingctx, arr, index):
+    """int16 arr[index], arr[index+1] repeated 8 times -> I16x16."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.int16
+            and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=2)
+        return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i16", 16))
+    return I16x16(arr, index), codegen
