@@ -50,6 +50,12 @@ class ModelRunner:
         sides = [a for side in self.sides for a in side.transformer.resident_arrays()]
         return self.transformer.resident_arrays() + sides + [self.arena.storage]
 
+    def close(self) -> None:
+        """End the side threads (decode steps then run on the calling thread only)."""
+        sides, self.sides = self.sides, []
+        for side in sides:
+            side.close()
+
     # ---- a step -------------------------------------------------------------------------------
     def run(self, plan: StepPlan, kv: KVBlockManager):
         """-> logits rows (an array or a list of rows), one per decode request, then one per
