@@ -4,7 +4,7 @@
 
 Modes (engine/decode_policy.py): "split" runs 2+ sessions as num_threads parts side by side, each
 part's layers in one kernel call; "one thread" runs them all on the engine thread, layers in one
-call. The engine normally picks per step from measured times (the "adaptive" row); here each mode
+call; "thread pool" does too, with each big matmul on numba's thread pool. The engine normally picks per step from measured times (the "adaptive" row); here each mode
 is also forced in turn (split with 1 session falls back to one thread). --busy keeps one other
 process spinning on a core meanwhile.
 Prints the median step ms over the rounds' medians and the 4-session / best 1-session ratio.
@@ -42,7 +42,8 @@ def main():
     engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=2, system_prompt=None))
     for i in range(max(SESSIONS)):
         engine.create_session(f"s{i}")
-    variants = {"split": DecodeThreading.SPLIT, "one thread": DecodeThreading.ONE_THREAD, "adaptive": None}
+    variants = {"split": DecodeThreading.SPLIT, "one thread": DecodeThreading.ONE_THREAD,
+                "thread pool": DecodeThreading.POOL, "adaptive": None}
     policy = engine.runner.decode_policy
     results = {(v, n): [] for v in variants for n in SESSIONS}
     for forced in variants.values():                          # warm-up

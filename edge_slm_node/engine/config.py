@@ -30,8 +30,9 @@ class EngineConfig:
     max_pending_per_session: int = 8
     max_queued_bytes: int = 16 * 2**20   # memory all queued requests' text and stop strings may hold
     num_threads: int = 2
-    fair_share_steps: int = 16           # while a request waits for a decode slot, one that decoded this
-                                         # many steps since admission yields it (keeping its KV)
+    fair_share_steps: int = 16           # while a resumed request waits for a decode slot, one that decoded
+                                         # this many steps since admission yields it (keeping its KV); to a
+                                         # request without its first token yet, one step is enough
     context_overflow: str = "drop_oldest"  # a turn that does not fit: drop_oldest turns, or error
     lock_memory: bool = False            # mlock weights, KV arena and buffers (engine/memory_lock.py)
 

@@ -10,6 +10,7 @@ from typing import Optional
 class DecodeThreading(str, enum.Enum):
     SPLIT = "split"              # sequences in parts, one per thread, each part's layers in one kernel call
     ONE_THREAD = "one thread"    # all sequences on the engine thread, layers in one kernel call
+    POOL = "thread pool"         # all sequences on the engine thread, each big matmul on numba's pool
 
 
 class DecodePolicy:
@@ -23,7 +24,8 @@ class DecodePolicy:
     unchanged doubles that interval up to `max_explore_every`, a change of choice resets it. So the
     choice follows the machine's load (split needs every core; with another busy process one
     thread is faster) at little cost once settled. `forced` fixes the mode, candidate or not (benchmarks;
-    SPLIT falls back to ONE_THREAD where it cannot split); steps are recorded either mode."""
+    SPLIT and POOL fall back to ONE_THREAD where there are no other threads, SPLIT also for one
+    sequence); steps are recorded whatever the mode."""
 
     def __init__(self, window: int = 5, trials: int = 3, margin: float = 1.25, explore_every: int = 16,
                  max_explore_every: int = 256):
@@ -37,18 +39,19 @@ class DecodePolicy:
         self._state: dict = {}           # sequences -> _Choice
 
     @staticmethod
-    def modes(sequences: int, can_split: bool) -> tuple:
-        """The candidates: split for 2+ sequences when there are side threads; one thread always.
-        (The thread pool, a wake-up per kernel, never won a decode step here: README, "Threads".)"""
-        if can_split and sequences >= 2:
-            return (DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD)
-        return (DecodeThreading.ONE_THREAD,)
+    def modes(sequences: int, can_split: bool, can_pool: bool = False) -> tuple:
+        """The candidates: split for 2+ sequences when there are side threads; the thread pool when
+        it has 2+ threads (it wins one sequence on some machines: a pool wake-up per matmul costs
+        less than the second core's share of the weights' bandwidth; README, "Threads"); one
+        thread always."""
+        split = (DecodeThreading.SPLIT,) if can_split and sequences >= 2 else ()
+        pool = (DecodeThreading.POOL,) if can_pool else ()
+        return split + pool + (DecodeThreading.ONE_THREAD,)
 
-    def choose(self, sequences: int, can_split: bool) -> DecodeThreading:
-        modes = self.modes(sequences, can_split)
+    def choose(self, sequences: int, can_split: bool, can_pool: bool = False) -> DecodeThreading:
+        modes = self.modes(sequences, can_split, can_pool)
         if self.forced is not None:
-            return self.forced if self.forced is not DecodeThreading.SPLIT or modes[0] is DecodeThreading.SPLIT \
-                else DecodeThreading.ONE_THREAD
+            return self.forced if self.forced in modes else DecodeThreading.ONE_THREAD
         if len(modes) == 1:
             return modes[0]
         state = self._state.setdefault(sequences, _Choice(self.explore_every))

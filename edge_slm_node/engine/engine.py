@@ -95,6 +95,12 @@ class Engine:
                 self.post.apply(plan, logits, time.monotonic() - started)
         return True
 
+    def close(self) -> None:
+        """End the side forward threads, so that dropping the engine frees weights, KV pool and
+        buffers (a running thread would keep its Transformer). Steps after close run on one thread."""
+        with self._lock:
+            self.runner.close()
+
     # ---- requests ------------------------------------------------------------------------
     def submit(self, session_id: str, text: str, params: SamplingParams, raw: bool = False,
                on_event: Optional[Callable[[TokenEvent], None]] = None,

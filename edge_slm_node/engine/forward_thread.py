@@ -11,7 +11,8 @@ from .batch import BatchBuilder
 
 class ForwardThread:
     """Owns a Transformer (its own activation buffers, the shared weights), a BatchBuilder and one
-    daemon thread. run() starts batch on that thread; wait() returns its logits or re-raises."""
+    daemon thread. run() starts batch on that thread; wait() returns its logits or re-raises;
+    close() ends the thread, after which nothing of it holds the weights or the KV arena."""
 
     def __init__(self, transformer: Transformer, batch: BatchBuilder):
         self.transformer = transformer
@@ -36,13 +37,24 @@ class ForwardThread:
             raise error
         return self._result
 
+    def close(self) -> None:
+        self._job = None
+        self._start.set()
+        self._thread.join()
+        self.transformer = self.batch = self._result = self._error = None
+
     def _loop(self) -> None:
         while True:
             self._start.wait()
             self._start.clear()
-            batch, kv_arena = self._job
-            try:
-                self._result = self.transformer.forward(batch, kv_arena, parallel=False)
-            except Exception as error:            # handed to the engine thread by wait()
-                self._result, self._error = None, error
+            if self._job is None:                 # close()
+                return
+            self._forward(*self._job)
             self._done.set()
+
+    def _forward(self, batch: ForwardBatch, kv_arena: np.ndarray) -> None:
+        # a frame of its own: no local of the loop keeps the last job's arrays alive
+        try:
+            self._result = self.transformer.forward(batch, kv_arena, parallel=False)
+        except Exception as error:            # handed to the engine thread by wait()
+            self._result, self._error = None, error

@@ -1,10 +1,11 @@
 """Carries out a StepPlan on the model: batch building, the forward pass, and how decode runs.
 
 A step with prompt chunks runs one forward with the big kernels on numba's thread pool. A
-decode-only step runs as DecodePolicy chooses: on the engine thread alone, or split into up to
-num_threads parts, one per thread, each a whole forward on its sequences (one hand-off per
-step instead of a pool wake-up per matmul). Both modes give the same logits: each kernel
-computes a sequence's rows independently of the others.
+decode-only step runs as DecodePolicy chooses: on the engine thread alone, with the big
+matmuls on the thread pool, or split into up to num_threads parts, one per thread, each a
+whole forward on its sequences (one hand-off per step instead of a pool wake-up per matmul).
+Every mode gives the same logits: each kernel computes a sequence's rows independently of the
+others, and a pooled matmul splits rows, never a dot product.
 """
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ class ModelRunner:
         sides = [a for side in self.sides for a in side.transformer.resident_arrays()]
         return self.transformer.resident_arrays() + sides + [self.arena.storage]
 
+    def close(self) -> None:
+        """End the side threads (decode steps then run on the calling thread only)."""
+        sides, self.sides = self.sides, []
+        for side in sides:
+            side.close()
+
     # ---- a step -------------------------------------------------------------------------------
     def run(self, plan: StepPlan, kv: KVBlockManager):
         """-> logits rows (an array or a list of rows), one per decode request, then one per
@@ -64,7 +71,8 @@ class ModelRunner:
                                prompt_order=_prompt_order(chunk.start, chunk.count, request.prefill_from,
                                                      len(request.prompt_ids)))
             return self.transformer.forward(self.batch.build(), self.arena.data, parallel=True)
-        mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides))
+        mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides),
+                                         can_pool=self.pool_threads >= 2)
         parts = min(len(self.sides) + 1, len(plan.decode)) if mode is DecodeThreading.SPLIT else 1
         builders = [self.batch] + [side.batch for side in self.sides[:parts - 1]]
         for index, builder in enumerate(builders):     # near-equal runs of sequences, in order
@@ -76,7 +84,8 @@ class ModelRunner:
         if parts > 1:
             logits = self._split_forward(self.batch.build(), [b.build() for b in builders[1:]])
         else:
-            logits = self.transformer.forward(self.batch.build(), self.arena.data, parallel=False)
+            logits = self.transformer.forward(self.batch.build(), self.arena.data,
+                                              parallel=mode is DecodeThreading.POOL)
         self.decode_policy.record(len(plan.decode), mode, time.monotonic() - started)
         return logits
 

@@ -1,9 +1,11 @@
 """schedule() -> StepPlan: which requests are admitted, which decode, which prompt chunks run.
 
-Admission is FIFO: a request whose blocks do not fit waits (so a long request is never
-starved by short ones) until blocks are freed or queue_timeout_s passes. While requests wait
-for a decode slot, running requests yield theirs round-robin after fair_share_steps (their KV
-kept). A decoding sequence that needs a block when none is left preempts the most recently
+Admission is FIFO, except that requests still waiting for their first token go before
+resumed ones: a request whose blocks do not fit waits (so a long request is never starved by
+short ones) until blocks are freed or queue_timeout_s passes. While requests wait for a decode
+slot, running requests yield theirs (their KV kept): to a request waiting for its first token
+after one decode step of their own, to a resumed one after fair_share_steps. So a new
+command's first token waits for prompt steps only, never for a round of long answers. A decoding sequence that needs a block when none is left preempts the most recently
 started other request, whose KV is freed and recomputed later with the help of cached
 prefix blocks. The scheduler owns the queue, the running list and every block-manager call
 that claims or frees blocks; it never runs the model (KV copies go into the plan).
@@ -81,14 +83,18 @@ class Scheduler:
         return plan
 
     def _share_decode_slots(self) -> None:
-        """Round-robin when requests wait for a decode slot: each waiting one takes the slot of a
-        running request that has decoded fair_share_steps since its admission (most first)."""
+        """Each waiting request takes the slot of a running one that has decoded at least one step
+        since its admission (for a request without its first token) or fair_share_steps (for a
+        resumed one); the one that decoded most yields first."""
         if len(self.running) < self.config.max_running:
             return
-        waiting = len(self._admissible())
-        due = [r for r in self.running if r.state is RequestState.DECODE
-               and r.turn_steps >= self.config.fair_share_steps]
-        for request in sorted(due, key=lambda r: -r.turn_steps)[:waiting]:
+        waiting = self._admissible()
+        fresh = sum(1 for r in waiting if r.first_token_at is None)
+        decoding = sorted((r for r in self.running if r.state is RequestState.DECODE and r.turn_steps >= 1),
+                          key=lambda r: -r.turn_steps)
+        yielding = decoding[:fresh]
+        due = [r for r in decoding[fresh:] if r.turn_steps >= self.config.fair_share_steps]
+        for request in yielding + due[:len(waiting) - fresh]:
             self._suspend(request)
 
     def _suspend(self, request: Request) -> None:
@@ -102,14 +108,15 @@ class Scheduler:
         self.queue.append(request)
 
     def _admissible(self) -> list:
-        """Queued requests that could start now: the first of their session, which runs nothing."""
+        """Queued requests that could start now (the first of their session, which runs nothing),
+        those without a first token first, each kind in queue order."""
         busy = {r.session_id for r in self.running}
         heads = []
         for request in self.queue:
             if request.session_id not in busy:
                 heads.append(request)
                 busy.add(request.session_id)
-        return heads
+        return sorted(heads, key=lambda r: r.first_token_at is not None)
 
     def _admit(self, plan: StepPlan) -> None:
         for request in self._admissible():

@@ -8,7 +8,7 @@ import time
 
 import rclpy
 from rclpy.executors import ExternalShutdownException
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.utilities import remove_ros_args
 
 from edge_slm_node.msg import Command, TokenChunk
@@ -30,7 +30,8 @@ def main(args=None) -> int:
     options = parse_args(argv)
     rclpy.init(args=args)
     node = rclpy.create_node("edge_slm_client")
-    qos = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE)
+    # keep-all: a busy terminal that reads slowly must not lose pieces of its answer
+    qos = QoSProfile(depth=100, history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
     request_id = random.getrandbits(63)
     finished = {}
 

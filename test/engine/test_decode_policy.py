@@ -1,14 +1,14 @@
 """DecodePolicy: measure the candidate modes, run the fastest by median, re-measure the others ever more rarely."""
 from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeThreading
 
-SPLIT, ONE = DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD
+SPLIT, ONE, POOL = DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD, DecodeThreading.POOL
 
 
-def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True):
+def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True, can_pool=False):
     """seconds: mode -> step time; -> the modes chosen."""
     choices = []
     for step in range(steps):
-        mode = policy.choose(sequences, can_split)
+        mode = policy.choose(sequences, can_split, can_pool)
         policy.record(sequences, mode, seconds[mode] * (10 if step == outlier_at else 1))
         choices.append(mode)
     return choices
@@ -22,6 +22,17 @@ def test_candidates():
     assert DecodePolicy.modes(4, can_split=True) == (SPLIT, ONE)
     assert DecodePolicy.modes(1, can_split=True) == (ONE,)
     assert DecodePolicy.modes(4, can_split=False) == (ONE,)                          # num_threads 1
+    assert DecodePolicy.modes(1, can_split=True, can_pool=True) == (POOL, ONE)
+    assert DecodePolicy.modes(3, can_split=True, can_pool=True) == (SPLIT, POOL, ONE)
+
+
+def test_one_sequence_picks_the_pool_where_it_is_faster_and_keeps_checking():
+    policy = DecodePolicy(trials=3, explore_every=8)
+    choices = run(policy, 1, {POOL: 0.012, ONE: 0.013}, 100, can_pool=True)
+    assert choices[:2] == [POOL, ONE]
+    assert choices[-40:].count(POOL) >= 34 and ONE in choices[-60:]     # re-measured, ever more rarely
+    later = run(policy, 1, {POOL: 0.030, ONE: 0.013}, 60, can_pool=True)  # the other core got busy
+    assert later[-20:].count(ONE) >= 17
 
 
 def test_close_ways_get_full_trials_then_the_fastest_runs_and_trials_grow_rarer():
@@ -67,6 +78,9 @@ def test_forced_way_and_single_candidates_skip_the_measuring():
     assert run(policy, 3, {ONE: 0.03, SPLIT: 0.01}, 5) == [ONE] * 5
     policy.forced = SPLIT
     assert policy.choose(1, can_split=True) is ONE                # one sequence cannot split
+    policy.forced = POOL
+    assert policy.choose(1, can_split=True, can_pool=True) is POOL
+    assert policy.choose(1, can_split=False, can_pool=False) is ONE      # one thread: no pool
     policy.forced = None
     assert policy.choose(3, can_split=True) is SPLIT
     assert run(policy, 2, {ONE: 0.01}, 3, can_split=False) == [ONE] * 3
