@@ -53,7 +53,8 @@ class EngineHost:
         """Drop the engine (model mapping, weights, KV pool, buffers); -> resident bytes freed."""
         def job():
             before = resident_bytes()
-            _detach_side_forwards(self.engine)
+            if self.engine is not None:
+                self.engine.close()
             self.engine = None
             gc.collect()
             release_free_heap()
@@ -116,21 +117,3 @@ class EngineHost:
             rss = resident_bytes()
         self._lowest_rss = min(self._lowest_rss, rss)
 
-
-def _detach_side_forwards(engine) -> None:
-    """The engine's split-decode threads (engine.sides) run for the life of the process and keep
-    their SideForward alive, with its Transformer (the weights), the last job (the KV arena) and,
-    in the parked thread's own frame, that job's locals. Engine has no close() to stop them, so:
-    drop the references, then hand each thread an empty job, which fails at once (caught in its
-    loop) and rebinds those locals, so releasing the engine frees weights and pool. The parked
-    threads stay: one per extra compute thread and configure."""
-    for side in getattr(engine, "sides", ()):
-        try:
-            side.transformer = side.batch = side._result = side._error = None
-            side._job = (None, None)
-            side._done.clear()
-            side._start.set()
-            side._done.wait(timeout=1.0)
-            side._job = side._result = side._error = None
-        except AttributeError:           # a different SideForward: nothing known to drop
-            pass
