@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Optional
 
 import rclpy
@@ -33,7 +34,7 @@ from ..engine.memory import release_free_heap, resident_bytes
 from ..engine.memory_lock import MemoryLockError
 from ..engine.sampling import InvalidRequestError
 from ..model.gguf_file import GGUFError, GGUFFile
-from ..model.loader import default_model_path
+from ..model.loader import resolve_model_path
 from . import convert
 from .executor import BoundedExecutor
 from .memory_budget import MemoryBudgetError, check_memory_budget
@@ -56,7 +57,7 @@ class EdgeSlmNode(Node):
             self.declare_parameter(name, default)
         values = {name: self.get_parameter(name).value for name in PARAMETERS}
         self.settings: NodeSettings = settings_from_values(values)
-        self.model_path = self.settings.engine.model_path or default_model_path()
+        self.model_path = resolve_model_path(self.settings.engine.model_path)
         GGUFFile(self.model_path)                  # corrupt / missing model: fail now, before serving
         self.engine: Optional[Engine] = None
         self.state = "loading model"
@@ -112,7 +113,7 @@ class EdgeSlmNode(Node):
         started = time.monotonic()
         try:
             engine_config = check_memory_budget(self.settings, self.model_path, self.get_logger())
-            engine = Engine(engine_config)
+            engine = Engine(replace(engine_config, model_path=self.model_path))   # a model name resolved once
         except (MemoryBudgetError, MemoryLockError, GGUFError, ConfigError, OSError, ValueError) as error:
             self.fatal_error = str(error)
             self.state = f"failed: {error}"

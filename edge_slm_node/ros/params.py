@@ -9,7 +9,7 @@ from ..engine.sampling import SamplingParams
 
 # name -> (default, comment); the same names and defaults as config/edge_slm.yaml
 PARAMETERS = {
-    "model_path": ("", "GGUF file; empty = bundled SmolLM2-135M-Instruct Q4_1"),
+    "model_path": ("", "GGUF file or known model name (edge-slm models); empty = bundled SmolLM2-135M-Instruct Q4_1"),
     "kv_pool_mb": (64.0, "KV arena size in MiB; 0 = size from the memory budget"),
     "block_size": (16, "tokens per KV block"),
     "max_sessions": (16, "sessions alive at once"),
