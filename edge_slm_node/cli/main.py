@@ -1,13 +1,15 @@
-"""`edge-slm`: generate, tokenize and chat from a terminal, without ROS."""
+"""`edge-slm`: generate, tokenize and chat from a terminal, without ROS; list and install models."""
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
 from ..engine.config import ConfigError, EngineConfig
 from ..engine.sampling import InvalidRequestError, SamplingParams
+from ..model import catalog
 from ..model.gguf_file import GGUFError
 
 CLI_KV_POOL_MB = 48.0          # one session of 2048 tokens (22.5 KiB each for SmolLM2-135M)
@@ -56,9 +58,9 @@ def cmd_generate(args) -> int:
 
 def cmd_tokenize(args) -> int:
     from ..model.gguf_file import GGUFFile
-    from ..model.loader import default_model_path
+    from ..model.loader import resolve_model_path
     from ..model.tokenizer import Tokenizer
-    tokenizer = Tokenizer.from_metadata(GGUFFile(args.model or default_model_path()).metadata)
+    tokenizer = Tokenizer.from_metadata(GGUFFile(resolve_model_path(args.model)).metadata)
     ids = tokenizer.encode(args.text)
     print(json.dumps({"ids": ids}) if args.json else " ".join(map(str, ids)))
     return 0
@@ -93,12 +95,57 @@ def cmd_chat(args) -> int:
               file=sys.stderr)
 
 
+def cmd_models_list(args) -> int:
+    directory = catalog.models_dir()
+    rows = [{"name": m.name, "architecture": m.architecture, "quant": m.quant, "size": m.size,
+             "status": catalog.status(m, directory), "path": catalog.model_file(m, directory), "note": m.note}
+            for m in catalog.MODELS]
+    if args.json:
+        print(json.dumps({"models_dir": directory, "models": rows}))
+        return 0
+    header = ("name", "arch", "quant", "size", "installed", "path")
+    table = [header] + [(r["name"], r["architecture"], r["quant"], f"{r['size'] / 1e6:,.0f} MB",
+                         {"installed": "yes", "missing": "no"}.get(r["status"], r["status"]), r["path"])
+                        for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    print(f"\nedge-slm models install NAME  (into {directory}; ${catalog.MODELS_DIR_ENV} overrides)",
+          file=sys.stderr)
+    return 0
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)             # so that an install being stopped removes its temporary files
+
+
+def cmd_models_install(args) -> int:
+    model = catalog.get(args.name)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    print(f"{model.name}: {model.architecture} {model.quant}, {model.size:,} bytes from "
+          f"{len(model.parts)} package(s)", file=sys.stderr)
+    started = time.monotonic()
+    path, done = catalog.install(model, force=args.force, log=lambda line: print(f"  {line}", file=sys.stderr))
+    if done == "already installed":
+        print(f"{model.name}: already installed and verified, nothing to do", file=sys.stderr)
+    else:
+        print(f"{model.name}: {done}, sha256 ok ({time.monotonic() - started:.1f} s)", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def cmd_models_path(args) -> int:
+    print(catalog.installed_path(catalog.get(args.name)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edge-slm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     def model_option(p):
-        p.add_argument("--model", default="", help="GGUF path (default: bundled SmolLM2-135M-Instruct Q4_1)")
+        p.add_argument("--model", default="", help="GGUF path or known model name (edge-slm models); "
+                                                   "default: bundled SmolLM2-135M-Instruct Q4_1")
 
     def sampling_options(p, max_new_tokens):
         p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -131,6 +178,22 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt (default: config/cnc_system_prompt.txt)")
     sampling_options(chat, 256)
     chat.set_defaults(run=cmd_chat)
+
+    models = commands.add_parser("models", help="list the known models; install one (edge-slm models install NAME)")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(run=cmd_models_list)
+    models_commands = models.add_subparsers(dest="models_command")
+    listing = models_commands.add_parser("list", help="the known models, installed or not (the default)")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(run=cmd_models_list)
+    install = models_commands.add_parser("install", help="download the model's packages, assemble and verify the "
+                                                          "GGUF; prints its path")
+    install.add_argument("name", help="a name from `edge-slm models`")
+    install.add_argument("--force", action="store_true", help="download and assemble again even if installed")
+    install.set_defaults(run=cmd_models_install)
+    path = models_commands.add_parser("path", help="print the installed model's path (exit 2 if not installed)")
+    path.add_argument("name")
+    path.set_defaults(run=cmd_models_path)
     return parser
 
 
@@ -138,9 +201,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (FileNotFoundError, GGUFError, ConfigError, InvalidRequestError) as error:
+    except (FileNotFoundError, GGUFError, ConfigError, InvalidRequestError, catalog.CatalogError) as error:
         print(f"edge-slm: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("edge-slm: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

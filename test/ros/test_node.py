@@ -99,6 +99,16 @@ def test_bad_parameters_stop_the_node_at_start(tmp_path, ros_env_module, overrid
     assert message in result.stderr + result.stdout
 
 
+def test_model_name_not_installed_stops_the_node_with_the_install_command(tmp_path, ros_env_module):
+    name = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    params = write_params(tmp_path, model_path=name)
+    env = dict(ros_env_module, EDGE_SLM_MODELS_DIR=str(tmp_path / "empty-cache"))
+    result = subprocess.run([sys.executable, "-m", "edge_slm_node.ros.node", "--ros-args", "--params-file",
+                             str(params)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f"`edge-slm models install {name}`" in result.stderr + result.stdout
+
+
 def test_lock_memory_shows_locked_megabytes_in_diagnostics(tmp_path, ros_env_module):
     if os.geteuid() != 0 and resource.getrlimit(resource.RLIMIT_MEMLOCK)[1] != resource.RLIM_INFINITY:
         pytest.skip("locking the weights needs root / CAP_IPC_LOCK or an unlimited RLIMIT_MEMLOCK")
