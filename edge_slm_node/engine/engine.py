@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Optional
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
 from ..model.chat_prompt import ChatPrompt
+from ..model.load_progress import LoadProgress
 from ..model.loader import LoadedModel, load_model
 from ..model.utf8_stream import Utf8StreamDecoder
 from .config import ConfigError, EngineConfig
@@ -37,18 +38,24 @@ __all__ = ["Engine", "UnknownSessionError"]
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, model: Optional[LoadedModel] = None):
+    def __init__(self, config: EngineConfig, model: Optional[LoadedModel] = None,
+                 progress: Optional[LoadProgress] = None):
+        """progress: told each loading stage (map, repack, tokenizer, KV pool and buffers, kernels,
+        shared-prompt prefill)."""
+        progress = progress or LoadProgress()
         self.config = config.validate()
-        self.model = model or load_model(config.model_path)
+        self.model = model or load_model(config.model_path, progress)
         mc = self.model.config
         self.tokenizer = self.model.tokenizer
         self.max_context = min(config.max_context_tokens, mc.context_length)
         self.prompts = PromptBuilder(ChatPrompt(self.model.chat_template, self.tokenizer), self.tokenizer,
                                      self.max_context, drop_oldest=config.context_overflow == "drop_oldest")
+        progress("KV pool and buffers", 0, 1)
         self.arena = KVArena.from_megabytes(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_pool_mb,
                                             config.block_size)
         self.kv = KVBlockManager(self.arena.num_blocks, config.block_size, config.enable_prefix_cache)
         self.runner = ModelRunner(self.model, config, self.arena, self.max_context)
+        progress("KV pool and buffers", 1, 1)
         self.prefix_ids: list[int] = self.prompts.prefix(config.system_prompt) if config.system_prompt else []
         if len(self.prefix_ids) >= self.max_context:
             raise ConfigError(f"system prompt is {len(self.prefix_ids)} tokens; max_context_tokens="
@@ -61,13 +68,18 @@ class Engine:
         self._lock = threading.RLock()
         self._forward_done = threading.Condition(self._lock)
         self._in_forward: set[str] = set()
+        progress("kernels", 0, 1)               # loaded from numba's cache by their first calls
+        self.runner.warm_up(self.kv)
+        progress("kernels", 1, 1)
         if self.prefix_ids:                     # computed once, its full blocks pinned for the engine's life
             self.kv.allocate_prompt(PREFIX_SEQ_KEY, self.prefix_ids)
-            self.runner.prefill(self.kv, PREFIX_SEQ_KEY, self.prefix_ids)
+            progress("shared-prompt prefill", 0, len(self.prefix_ids), "tokens")
+            self.runner.prefill(self.kv, PREFIX_SEQ_KEY, self.prefix_ids,
+                                lambda done: progress("shared-prompt prefill", done, len(self.prefix_ids), "tokens"))
             self.kv.pin_sequence(PREFIX_SEQ_KEY)
-        self.runner.warm_up(self.kv)
         # after the prefix prefill: every buffer a step uses exists now
         self.locked_bytes = lock_arrays(self.runner.resident_arrays()) if config.lock_memory else 0
+        progress.finish()
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> bool:

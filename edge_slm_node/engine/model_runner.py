@@ -111,8 +111,9 @@ class ModelRunner:
         return rows
 
     # ---- start-up -----------------------------------------------------------------------------
-    def prefill(self, kv: KVBlockManager, seq_id, token_ids: list) -> None:
-        """Compute the KV of an already reserved sequence's tokens (the shared prompt at start)."""
+    def prefill(self, kv: KVBlockManager, seq_id, token_ids: list, progress=lambda done: None) -> None:
+        """Compute the KV of an already reserved sequence's tokens (the shared prompt at start);
+        progress(tokens done) after every chunk."""
         start = 0
         while start < len(token_ids):
             chunk = token_ids[start:start + self.max_batch_tokens]
@@ -122,6 +123,7 @@ class ModelRunner:
             self.transformer.forward(self.batch.build(), self.arena.data)
             kv.commit(seq_id, chunk)
             start += len(chunk)
+            progress(start)
 
     def warm_up(self, kv: KVBlockManager) -> None:
         """Run one throwaway token every way a step can run (thread pool, one thread, every side

@@ -9,6 +9,7 @@ from . import catalog
 from .chat_template import ChatTemplate
 from .config import ModelConfig
 from .gguf_file import GGUFFile
+from .load_progress import no_progress
 from .tokenizer import Tokenizer
 from .weights import ModelWeights, load_weights
 
@@ -51,12 +52,18 @@ class LoadedModel:
     chat_template: ChatTemplate
 
 
-def load_model(path: str = "") -> LoadedModel:
+def load_model(path: str = "", progress=no_progress) -> LoadedModel:
+    """progress(stage, done, total, unit): see load_progress.LoadProgress."""
     path = resolve_model_path(path)
+    size_mb = os.path.getsize(path) / 1e6
+    progress("map", 0, size_mb, "MB")
     gguf = GGUFFile(path)
+    progress("map", size_mb, size_mb, "MB")
     config = ModelConfig.from_gguf(gguf)
-    weights = load_weights(gguf, config)
+    weights = load_weights(gguf, config, progress)
+    progress("tokenizer", 0, 1)
     tokenizer = Tokenizer.from_metadata(gguf.metadata)
+    progress("tokenizer", 1, 1)
     if tokenizer.vocab_size < config.vocab_size:
         from .gguf_file import GGUFError
         raise GGUFError(f"{path}: vocabulary has {tokenizer.vocab_size} tokens, output layer {config.vocab_size}")

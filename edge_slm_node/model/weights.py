@@ -76,8 +76,19 @@ def _linear(gguf: GGUFFile, name: str, in_features: int, out_features: int) -> L
     return Linear(name, gguf.tensor_bytes(name), info.quant, in_features)
 
 
-def load_weights(gguf: GGUFFile, config: ModelConfig) -> ModelWeights:
+_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def _megabytes(gguf: GGUFFile, name: str) -> float:
+    return gguf.tensors[name].num_bytes / 1e6 if name in gguf.tensors else 0.0
+
+
+def load_weights(gguf: GGUFFile, config: ModelConfig, progress=None) -> ModelWeights:
+    """progress(stage, done, total, unit), if given, hears "repack" after every layer (MB of matrices)."""
     hidden, inter = config.hidden_size, config.intermediate_size
+    matrix_mb = [sum(_megabytes(gguf, f"blk.{i}.{m}.weight") for m in _MATRICES) for i in range(config.num_layers)]
+    head = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
+    total_mb, done_mb = sum(matrix_mb) + _megabytes(gguf, head), 0.0
     layers = []
     for i in range(config.num_layers):
         prefix = f"blk.{i}."
@@ -97,12 +108,17 @@ def load_weights(gguf: GGUFFile, config: ModelConfig) -> ModelWeights:
         ))
         if config.has_qkv_bias and layers[-1].q_bias is None:
             raise GGUFError(f"{gguf.path}: {config.architecture} needs tensor {prefix + 'attn_q.bias'!r}, missing")
+        done_mb += matrix_mb[i]
+        if progress is not None:
+            progress("repack", done_mb, total_mb, "MB")
     embedding = _tensor(gguf, "token_embd.weight", (hidden, config.vocab_size))
     embedding_raw = gguf.tensor_bytes("token_embd.weight")
     if "output.weight" in gguf.tensors:
         output = _linear(gguf, "output.weight", hidden, config.vocab_size)
     else:                                                   # tied embeddings
         output = Linear("token_embd.weight", embedding_raw, embedding.quant, hidden)
+    if progress is not None:
+        progress("repack", total_mb, total_mb, "MB")
     return ModelWeights(
         embedding_raw=embedding_raw,
         embedding_quant=embedding.quant,

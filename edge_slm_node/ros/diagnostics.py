@@ -35,8 +35,11 @@ def queue_status(stats, max_queued_requests: int) -> tuple:
                             "sessions_evicted": stats.sessions_evicted}
 
 
-def engine_status(stats, lifecycle_state: str, failure: str, model_path: str, rss_bytes: int) -> tuple:
+def engine_status(stats, lifecycle_state: str, loading: str, failure: str, model_path: str, rss_bytes: int) -> tuple:
+    """loading: the model-loading stage while configure runs ("" otherwise)."""
     values = {"lifecycle_state": lifecycle_state, "rss_mb": f"{rss_bytes / 2**20:.1f}"}
+    if loading:
+        values["loading"] = loading
     if model_path:
         values["model_path"] = model_path
     if stats is not None:
@@ -47,16 +50,18 @@ def engine_status(stats, lifecycle_state: str, failure: str, model_path: str, rs
         return OK, "active: serving commands, services and goals", values
     if failure and lifecycle_state == "unconfigured":
         return ERROR, f"unconfigured: {failure}", values
+    if loading:
+        return WARN, f"{lifecycle_state}: loading {loading}", values
     return WARN, f"{lifecycle_state}: not serving", values
 
 
-def diagnostics(stats, stamp, node_name: str, hardware_id: str, lifecycle_state: str, failure: str,
+def diagnostics(stats, stamp, node_name: str, hardware_id: str, lifecycle_state: str, loading: str, failure: str,
                 model_path: str, rss_bytes: int, max_queued_requests: int) -> DiagnosticArray:
     array = DiagnosticArray(status=[
         _status(node_name, hardware_id, "KV pool", *kv_pool_status(stats)),
         _status(node_name, hardware_id, "queue", *queue_status(stats, max_queued_requests)),
-        _status(node_name, hardware_id, "engine", *engine_status(stats, lifecycle_state, failure, model_path,
-                                                                 rss_bytes)),
+        _status(node_name, hardware_id, "engine", *engine_status(stats, lifecycle_state, loading, failure,
+                                                                 model_path, rss_bytes)),
     ])
     array.header.stamp = stamp
     return array

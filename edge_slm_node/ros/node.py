@@ -26,6 +26,7 @@ from ..engine.config import ConfigError
 from ..engine.engine import Engine
 from ..engine.memory import resident_bytes
 from ..model.gguf_file import GGUFError, GGUFFile
+from ..model.load_progress import LoadProgress
 from ..model.loader import resolve_model_path
 from .commands import CommandStreams, cancel_everything
 from .executor import BoundedExecutor
@@ -62,6 +63,7 @@ class EdgeSlmNode(LifecycleNode):
         self.exit_code = None                     # set: main() ends the process with it
         self._autostarting = False
         self.model_path = ""
+        self.loading = LoadProgress()             # the configure running now: its loading stage
         self.settings = None
         try:
             self.runtime = runtime_from_values(values)
@@ -167,7 +169,9 @@ class EdgeSlmNode(LifecycleNode):
             model_path = resolve_model_path(settings.engine.model_path)
             GGUFFile(model_path)                  # a corrupt or missing file: say so before budgeting memory
             self.model_path = model_path
-            engine = self.host.build(lambda: Engine(check_memory_budget(settings, model_path, log)))
+            self.loading = LoadProgress()
+            engine = self.host.build(lambda: Engine(check_memory_budget(settings, model_path, log),
+                                                    progress=self.loading))
         except Exception as error:                # every failure leaves the node unconfigured, with the reason
             self.failure = str(error) or type(error).__name__
             bad_config = isinstance(error, (ConfigError, GGUFError, FileNotFoundError))

@@ -68,7 +68,8 @@ class StatusPublisher:
             if stats is not None:
                 self.status_publisher.publish(convert.pool_status(stats, stamp, rss))
             self.diagnostics_publisher.publish(diagnostics(
-                stats, stamp, node.get_name(), self.hardware_id, node.lifecycle_state, node.failure,
+                stats, stamp, node.get_name(), self.hardware_id, node.lifecycle_state,
+                node.loading.current if node.loading.stage else "", node.failure,
                 node.model_path, rss, node.runtime.max_queued_requests))
 
     def publish_no_pool(self) -> None:

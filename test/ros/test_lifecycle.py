@@ -35,6 +35,10 @@ def assert_transition(env, node, name, figures, launched):
     assert ok, f"{name}: {output}\n{launched.log()[-3000:]}"
 
 
+def engine_statuses(client):
+    return [s for d in client.diagnostics for s in d.status if s.name == "edge_slm_node: engine"]
+
+
 def node_log_seconds(launched, name, occurrence):
     """The node's own timing of a transition (its log: `configure: 2.51 s, RSS ...`)."""
     lines = [line for line in launched.log().splitlines() if f"]: {name}: " in line]
@@ -61,6 +65,12 @@ def test_lifecycle_transitions_and_their_cost(tmp_path, ros_env_module):
 
         assert_transition(env, node, "configure", figures, launched)
         assert lifecycle_get(env, node) == "inactive [2]"
+        # while configuring, /diagnostics said which loading stage ran, and the log had every stage
+        client.spin_until(lambda: any(s.message.startswith("configuring: loading ") for s in engine_statuses(client)),
+                          10, "a 'configuring: loading <stage>' engine status")
+        stages = [line.split("loading: ")[1].split(" ")[0] for line in launched.log().splitlines() if "loading: " in line]
+        for stage in ("map", "repack", "tokenizer", "KV", "kernels", "shared-prompt"):
+            assert stage in stages, stages
         client.send("lc", "Say hi.", 2)
         assert "inactive" in client.wait_done(2)[-1].error
         assert "inactive" in client.call("destroy_session", session_id="lc").message
