@@ -35,6 +35,7 @@ class EngineConfig:
                                          # request without its first token yet, one step is enough
     context_overflow: str = "drop_oldest"  # a turn that does not fit: drop_oldest turns, or error
     lock_memory: bool = False            # mlock weights, KV arena and buffers (engine/memory_lock.py)
+    guard_zones: bool = False            # debug: canaries after every KV tile and buffer, checked every step
 
     def validate(self) -> "EngineConfig":
         checks = [

@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Optional
 
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
+from ..model.buffers import GuardZones
 from ..model.chat_prompt import ChatPrompt
 from ..model.load_progress import LoadProgress
 from ..model.loader import LoadedModel, load_model
@@ -34,7 +35,11 @@ from .stop_strings import StopStringMatcher
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "UnknownSessionError"]
+__all__ = ["Engine", "GuardZoneError", "UnknownSessionError"]
+
+
+class GuardZoneError(RuntimeError):
+    """A kernel wrote past a buffer or a KV block (guard_zones): memory is corrupt, stop."""
 
 
 class Engine:
@@ -51,10 +56,11 @@ class Engine:
         self.prompts = PromptBuilder(ChatPrompt(self.model.chat_template, self.tokenizer), self.tokenizer,
                                      self.max_context, drop_oldest=config.context_overflow == "drop_oldest")
         progress("KV pool and buffers", 0, 1)
+        self.guards = GuardZones(config.guard_zones)
         self.arena = KVArena.from_megabytes(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_pool_mb,
-                                            config.block_size)
+                                            config.block_size, guard_rows=1 if config.guard_zones else 0)
         self.kv = KVBlockManager(self.arena.num_blocks, config.block_size, config.enable_prefix_cache)
-        self.runner = ModelRunner(self.model, config, self.arena, self.max_context)
+        self.runner = ModelRunner(self.model, config, self.arena, self.max_context, self.guards)
         progress("KV pool and buffers", 1, 1)
         self.prefix_ids: list[int] = self.prompts.prefix(config.system_prompt) if config.system_prompt else []
         if len(self.prefix_ids) >= self.max_context:
@@ -65,6 +71,7 @@ class Engine:
                                    self.prefix_ids)
         self.post = Postprocessor(self.kv, self.tokenizer, self.sessions.by_id, self.scheduler, self.max_context)
         self._ids = itertools.count(1)
+        self.steps = 0                          # steps that ran the model
         self._lock = threading.RLock()
         self._forward_done = threading.Condition(self._lock)
         self._in_forward: set[str] = set()
@@ -92,10 +99,14 @@ class Engine:
                 return bool(plan.rejected)
             self._in_forward.update(r.session_id for r in plan.requests)
         started = time.monotonic()
+        self.steps += 1
         try:
             logits, error = self.runner.run(plan, self.kv), None
         except Exception as failure:            # a kernel failure must not take the node down
             logits, error = None, f"{type(failure).__name__}: {failure}"
+        breach = self._guard_zone_breach() if self.guards.enabled else ""
+        if breach:                              # the step's requests end with it, then the engine stops
+            error = breach
         with self._lock:
             self._in_forward.clear()
             self._forward_done.notify_all()
@@ -105,7 +116,18 @@ class Engine:
                     self.post.finish(request, FinishReason.ERROR, f"forward pass failed: {error}")
             else:
                 self.post.apply(plan, logits, time.monotonic() - started)
+        if breach:
+            raise GuardZoneError(breach)
         return True
+
+    def _guard_zone_breach(self) -> str:
+        """'' or what overwrote which canaries: the buffers' names, the step and what it ran."""
+        broken = self.guards.breaches() + [f"KV block {block} (layer {layer}, {'KV'[kind]}, kv head {head})"
+                                           for layer, kind, block, head in self.arena.guard_breaches()[:8]]
+        if not broken:
+            return ""
+        return (f"guard zone overwritten in step {self.steps}, {self.runner.last_run} (kernels: decoder_layers, "
+                f"final norm, output head): {', '.join(broken)}")
 
     def close(self) -> None:
         """End the side forward threads, so that dropping the engine frees weights, KV pool and

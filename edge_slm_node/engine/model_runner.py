@@ -10,11 +10,13 @@ others, and a pooled matmul splits rows, never a dot product.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import numba
 
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
+from ..model.buffers import GuardZones
 from ..model.loader import LoadedModel
 from ..model.transformer import Transformer
 from .batch import BatchBuilder, in_prompt_order
@@ -27,23 +29,25 @@ WARM_UP_SEQ_KEY = ("warm-up",)           # a throwaway one-token sequence run at
 
 
 class ModelRunner:
-    def __init__(self, model: LoadedModel, config: EngineConfig, arena: KVArena, max_context: int):
+    def __init__(self, model: LoadedModel, config: EngineConfig, arena: KVArena, max_context: int,
+                 guards: Optional[GuardZones] = None):
         self.arena = arena
         self.pool_threads = min(config.num_threads, numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(self.pool_threads)
         self.max_batch_tokens = config.max_batch_tokens
         max_blocks = -(-max_context // config.block_size)
         self.transformer = Transformer(model.config, model.weights, config.max_batch_tokens, max_context,
-                                       max_logits_rows=config.max_running + 1)
+                                       max_logits_rows=config.max_running + 1, guards=guards)
         self.batch = BatchBuilder(config.max_batch_tokens, config.max_running + 1, max_blocks)
         self.sides: list[ForwardThread] = []
         if config.max_running >= 2:
             self.sides = [ForwardThread(Transformer(model.config, model.weights, config.max_running, max_context,
-                                                  max_logits_rows=config.max_running),
+                                                    max_logits_rows=config.max_running, guards=guards),
                                       BatchBuilder(config.max_running, config.max_running, max_blocks))
                           for _ in range(config.num_threads - 1)]
         self.decode_policy = DecodePolicy()
         self.split_steps = 0                # decode steps split over the side threads
+        self.last_run = ""                  # what the last step ran (named when a guard zone breaks)
 
     def resident_arrays(self) -> list:
         """Weights, KV arena and every activation buffer (what lock_memory pins in RAM)."""
@@ -70,6 +74,8 @@ class ModelRunner:
                 self.batch.add(kv, request.session_id, chunk.token_ids, chunk.start, chunk.last,
                                prompt_order=_prompt_order(chunk.start, chunk.count, request.prefill_from,
                                                      len(request.prompt_ids)))
+            self.last_run = (f"a prompt step ({sum(c.count for c in plan.prompts)} prompt tokens, {len(plan.decode)} "
+                             f"decoding) on the thread pool")
             return self.transformer.forward(self.batch.build(), self.arena.data, parallel=True)
         mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides),
                                          can_pool=self.pool_threads >= 2)
@@ -80,6 +86,7 @@ class ModelRunner:
             n = len(plan.decode)
             for request in plan.decode[index * n // parts:(index + 1) * n // parts]:
                 builder.add(kv, request.session_id, [request.next_token], kv.num_tokens(request.session_id), True)
+        self.last_run = f"a decode step ({len(plan.decode)} sequences, {mode.value}, {parts} part(s))"
         started = time.monotonic()
         if parts > 1:
             logits = self._split_forward(self.batch.build(), [b.build() for b in builders[1:]])

@@ -280,10 +280,13 @@ def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token
                   prompt_order, scale, out, work[numba.get_thread_id()])
 
 
-def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: int) -> np.ndarray:
-    """Scratch for paged_attention over contexts up to max_context: one float32 row per numba thread."""
-    work = np.empty((numba.config.NUMBA_NUM_THREADS, _work_size(num_heads // kv_heads, head_dim, max_context)),
-                    np.float32)
+def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: int, allocate=None) -> np.ndarray:
+    """Scratch for paged_attention over contexts up to max_context: one float32 row per numba thread.
+    allocate(shape, dtype) -> touched zeros, if given (guard zones)."""
+    shape = (numba.config.NUMBA_NUM_THREADS, _work_size(num_heads // kv_heads, head_dim, max_context))
+    if allocate is not None:
+        return allocate(shape, np.float32)
+    work = np.empty(shape, np.float32)
     work.fill(0)          # touched now: the part a context reaches first would page-fault mid-decode
     return work
 

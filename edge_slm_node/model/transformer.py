@@ -17,7 +17,7 @@ from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts
 from ..kernels.quants import Q8_0
 from ..kernels.quants.common import new_scratch
 from ..kernels.quants.q8_0 import embed_rows, gather_rows
-from .buffers import resident_zeros
+from .buffers import GuardZones
 from .config import ModelConfig
 from .linear import FusedLinear
 from .weights import ModelWeights
@@ -57,17 +57,21 @@ class Transformer:
     """Runs ModelWeights; owns every activation buffer (allocated once for max_batch_tokens)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_batch_tokens: int,
-                 max_context: int, max_logits_rows: int):
+                 max_context: int, max_logits_rows: int, guards: Optional[GuardZones] = None):
+        """guards: allocates the buffers (with guard zones when enabled)."""
+        guards = guards or GuardZones(False)
         self.config = config
         self.weights = weights
         self.max_batch_tokens = max_batch_tokens
         self.max_context = max_context
         c, t = config, max_batch_tokens
-        self.buffers = Activations(*[resident_zeros((t, width), np.float32) for width in (
-            c.hidden_size, c.hidden_size, c.q_size, c.kv_size, c.kv_size, c.q_size, c.hidden_size,
-            c.intermediate_size, c.intermediate_size)], empty=np.zeros((0, 0), np.float32))
-        self.logits = resident_zeros((max_logits_rows, c.vocab_size), np.float32)
-        self.final_normed = resident_zeros((max_logits_rows, c.hidden_size), np.float32)
+        activation_widths = (c.hidden_size, c.hidden_size, c.q_size, c.kv_size, c.kv_size, c.q_size, c.hidden_size,
+                             c.intermediate_size, c.intermediate_size)
+        self.buffers = Activations(*[guards.zeros(f"activations.{name}", (t, width), np.float32)
+                                     for name, width in zip(Activations._fields, activation_widths)],
+                                   empty=np.zeros((0, 0), np.float32))
+        self.logits = guards.zeros("logits", (max_logits_rows, c.vocab_size), np.float32)
+        self.final_normed = guards.zeros("final_normed", (max_logits_rows, c.hidden_size), np.float32)
         # q|k|v and gate|up each run as one kernel call over concatenated packed rows where
         # their types allow (one pass over the shared input instead of three / two); same results.
         self.qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
@@ -83,11 +87,16 @@ class Transformer:
         readers = {"hidden": [m for l in weights.layers for m in (l.q, l.k, l.v, l.gate, l.up)],
                    "q": [l.o for l in weights.layers], "ffn": [l.down for l in weights.layers]}
         widths = {"hidden": c.hidden_size, "q": c.q_size, "ffn": c.intermediate_size}
-        self.inputs = tuple(new_scratch(t, widths[k], {s for m in readers[k] for s in m.scratch_slots})
+
+        def allocator(owner):
+            return lambda slot, size, dtype: guards.zeros(f"{owner} scratch.{slot}", size, dtype)
+        self.inputs = tuple(new_scratch(t, widths[k], {s for m in readers[k] for s in m.scratch_slots}, allocator(k))
                             for k in ("hidden", "q", "ffn"))
-        self.head_input = new_scratch(max_logits_rows, c.hidden_size, set(weights.output.scratch_slots))
+        self.head_input = new_scratch(max_logits_rows, c.hidden_size, set(weights.output.scratch_slots),
+                                      allocator("head"))
         rope_cos, rope_sin = ops.rope_tables(max_context, c.rotary_dims, c.rope_freq_base)
-        self.attention_work = attention_work(c.num_heads, c.num_kv_heads, c.head_dim, max_context)
+        self.attention_work = attention_work(c.num_heads, c.num_kv_heads, c.head_dim, max_context,
+                                             lambda shape, dtype: guards.zeros("attention work", shape, dtype))
         self.consts = LayerConsts(
             np.float32(c.rms_norm_eps), rope_cos, rope_sin, c.rope_neox, c.num_heads, c.num_kv_heads, c.head_dim,
             np.float32(1.0) / np.sqrt(np.float32(c.head_dim)),          # 1.0f/sqrtf(d) as llama.cpp

@@ -8,17 +8,19 @@ wait for their results; between jobs it runs engine.step() and the housekeeping.
 from __future__ import annotations
 
 import gc
+import os
 import queue
 import threading
 import time
 from concurrent.futures import Future
 from typing import Callable, Optional
 
-from ..engine.engine import Engine
+from ..engine.engine import Engine, GuardZoneError
 from ..engine.memory import release_free_heap, resident_bytes
 
 TRIM_AFTER_GROWTH_BYTES = 16 * 2**20
 HOUSEKEEPING_PERIOD_S = 1.0
+EXIT_MEMORY_CORRUPT = 3                  # guard_zones found a kernel writing out of bounds
 
 
 class EngineHost:
@@ -94,6 +96,10 @@ class EngineHost:
         engine = self.engine
         try:
             worked = engine.step()
+        except GuardZoneError as error:          # memory is corrupt: nothing it computes can be trusted
+            self.logger.fatal(f"{error}; ending the process (exit {EXIT_MEMORY_CORRUPT})")
+            time.sleep(0.5)                      # the step's error chunks reach their clients
+            os._exit(EXIT_MEMORY_CORRUPT)
         except Exception as error:               # never let one bad step kill the node
             self.logger.error(f"engine step failed: {type(error).__name__}: {error}")
             worked = False

@@ -50,6 +50,8 @@ PARAMETERS = {
     "num_threads": _S(2, "compute threads for the model", 1, 256),
     "lock_memory": _S(False, "mlock weights + KV pool + buffers (never swapped); needs CAP_IPC_LOCK or "
                              "RLIMIT_MEMLOCK"),
+    "guard_zones": _S(False, "debug: canary bytes after every KV block and buffer, checked after every step; "
+                             "an overwrite ends the process (exit 3) naming the buffer"),
     "qos_depth": _S(50, "queue depth of command / tokens topics", 1, 10000),
     "service_queue_depth": _S(100, "requests each session service holds (keep-all: none dropped)", 1, 100000),
     "service_rate_limit_hz": _S(50.0, "session service calls per second (all services); beyond: an error, "
@@ -160,6 +162,7 @@ def settings_from_values(values: dict) -> NodeSettings:
         max_pending_per_session=runtime.max_pending_per_session,
         queue_timeout_s=runtime.queue_timeout_s, max_input_chars=values["max_input_chars"],
         max_new_tokens_limit=values["max_context_tokens"], lock_memory=bool(values["lock_memory"]),
+        guard_zones=bool(values["guard_zones"]),
     ).validate()
     return NodeSettings(engine, runtime, int(values["qos_depth"]), int(values["service_queue_depth"]),
                         float(values["memory_cap_fraction"]), float(values["memory_reserve_fraction"]),

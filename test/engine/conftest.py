@@ -15,8 +15,10 @@ def smollm():
 
 @pytest.fixture
 def make_engine(smollm):
+    """Engines on the real model, with guard zones on: every step of every engine test checks that
+    no kernel wrote past a buffer or a KV block."""
     def make(**overrides):
-        settings = dict(kv_pool_mb=8, max_context_tokens=512, system_prompt=SHORT_SYSTEM_PROMPT)
+        settings = dict(kv_pool_mb=8, max_context_tokens=512, system_prompt=SHORT_SYSTEM_PROMPT, guard_zones=True)
         settings.update(overrides)
         return Engine(EngineConfig(**settings), model=smollm)
     return make

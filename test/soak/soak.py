@@ -206,7 +206,7 @@ def soak(seconds: float, sessions: int, seed: int = 1, drain_every_s: float = 20
         # room for the honest sessions plus a few anonymous ones, which evict each other
         params = write_params(Path(directory), kv_pool_mb=24.0, max_context_tokens=640, max_sessions=sessions + 4,
                               max_new_tokens=24, session_idle_timeout_s=0.0, status_rate_hz=2.0,
-                              service_rate_limit_hz=500.0, qos_depth=1000)
+                              service_rate_limit_hz=500.0, qos_depth=1000, guard_zones=True)
         node = NodeProcess(params, env)
         client = RosClient(node)
         try:

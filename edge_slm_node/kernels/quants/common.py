@@ -42,13 +42,16 @@ MATMUL_SIGNATURE = types.void(_U8_2D, _U8_2D, types.Array(types.int64, 1, "C"), 
                               types.UniTuple(_F32_2D, 3))
 
 
-def new_scratch(max_tokens: int, length: int, slots) -> Scratch:
+def new_scratch(max_tokens: int, length: int, slots, allocate=None) -> Scratch:
     """Buffers for x (max_tokens, length) read by weights needing `slots`, touched now (no page
-    fault mid-decode); the other slots empty."""
+    fault mid-decode); the other slots empty. allocate(slot name, size, dtype) -> zeros already
+    touched, if given (guard zones), replaces np.empty + fill."""
     def buffer(name):
         if name not in slots:
             return np.zeros(0, SLOT_DTYPES[name])
         size = max_tokens * (length if name in PER_VALUE_SLOTS else -(-length // 16))
+        if allocate is not None:
+            return allocate(name, size, SLOT_DTYPES[name])
         array = np.empty(size, SLOT_DTYPES[name])
         array.fill(0)
         return array
