@@ -55,7 +55,7 @@ class LoadedModel:
 def load_model(path: str = "", progress=no_progress) -> LoadedModel:
     """progress(stage, done, total, unit): see load_progress.LoadProgress."""
     path = resolve_model_path(path)
-    size_mb = os.path.getsize(path) / 1e6
+    size_mb = os.path.getsize(path) / 1e6 if os.path.isfile(path) else 0.0     # GGUFFile says what is wrong
     progress("map", 0, size_mb, "MB")
     gguf = GGUFFile(path)
     progress("map", size_mb, size_mb, "MB")
