@@ -39,13 +39,18 @@ class KVArena:
         self.storage = storage
         self.data = storage[..., :block_size, :].transpose(0, 1, 2, 4, 3, 5)
 
-    def guard_breaches(self) -> list:
-        """(layer, 0 = K / 1 = V, block, kv_head) of every tile whose guard rows were overwritten."""
+    def guard_breaches(self, blocks=None) -> list:
+        """(layer, 0 = K / 1 = V, block, kv_head) of every tile (of `blocks`, default all) whose
+        guard rows were overwritten."""
         guards = self.storage[..., self.block_size:, :]
         if guards.size == 0:
             return []
+        if blocks is not None:
+            blocks = np.asarray(sorted(blocks), np.int64)
+            guards = guards[:, :, blocks]
         broken = (guards != GUARD_WORD).any(axis=(4, 5))
-        return [tuple(int(i) for i in where) for where in np.argwhere(broken)]
+        found = [tuple(int(i) for i in where) for where in np.argwhere(broken)]
+        return found if blocks is None else [(l, kv, int(blocks[b]), h) for l, kv, b, h in found]
 
     @classmethod
     def from_megabytes(cls, num_layers: int, num_kv_heads: int, head_dim: int, pool_mb: float,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edge_slm_node.engine.engine import GuardZoneError
+from edge_slm_node.engine.engine import GUARD_SWEEP_STEPS, GuardZoneError
 from edge_slm_node.engine.sampling import SamplingParams
 from edge_slm_node.kernels.kv_write import _write_row
 
@@ -49,13 +49,25 @@ def test_a_write_past_an_activation_buffer_stops_with_its_name(make_engine):
         engine.step()
 
 
-def test_a_write_past_a_kv_block_names_the_block(make_engine):
+def test_a_write_past_the_kv_block_a_step_writes_names_the_block(make_engine):
     engine = make_engine()
     request = engine.submit("a", "What is G01?", PARAMS, create_if_missing=True)
     engine.step()
-    block = engine.kv.block_table("a")[0]
+    block = engine.kv.block_table("a")[engine.kv.num_tokens("a") // engine.config.block_size]   # the next write's
     head_dim = engine.arena.data.shape[-1]
     write_one_row_too_far(engine.arena.data[3, 1], block, 1, np.ones(head_dim, np.float32), np.zeros(8, np.uint16))
     with pytest.raises(GuardZoneError, match=rf"KV block {block} \(layer 3, V, kv head 1\)"):
         engine.step()
     assert request.finish_reason.value == "error"
+
+
+def test_a_stray_write_into_any_kv_guard_is_found_by_the_periodic_sweep(make_engine):
+    engine = make_engine()
+    engine.submit("a", "What is G01?", SamplingParams(max_new_tokens=200, ignore_eos=True), create_if_missing=True)
+    engine.step()
+    stray = engine.arena.num_blocks - 1                  # a block no one uses
+    head_dim = engine.arena.data.shape[-1]
+    write_one_row_too_far(engine.arena.data[0, 0], stray, 0, np.ones(head_dim, np.float32), np.zeros(8, np.uint16))
+    with pytest.raises(GuardZoneError, match=rf"KV block {stray} "):
+        for _ in range(GUARD_SWEEP_STEPS):
+            engine.step()
