@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from edge_slm_node.engine.config import EngineConfig
@@ -9,8 +11,9 @@ SHORT_SYSTEM_PROMPT = "You are the assistant of CNC cell 3. Answer briefly."
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The real SmolLM2-135M-Instruct Q4_1 GGUF, loaded once for the whole run."""
-    return load_model()
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, loaded once for the whole run (another model:
+    EDGE_SLM_TEST_MODEL=<path or catalog name>, to run the suite against it once)."""
+    return load_model(os.environ.get("EDGE_SLM_TEST_MODEL", ""))
 
 
 @pytest.fixture

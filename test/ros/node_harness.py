@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ REPLY_TIMEOUT_S = 30.0
 def write_params(directory: Path, **overrides) -> Path:
     values = {"kv_pool_mb": 8.0, "max_context_tokens": 256, "max_new_tokens": 8, "status_rate_hz": 5.0,
               "session_idle_timeout_s": 0.0, "max_input_chars": 4000}
+    if os.environ.get("EDGE_SLM_TEST_MODEL"):      # the suite against another model (see test/engine/conftest.py)
+        values["model_path"] = os.environ["EDGE_SLM_TEST_MODEL"]
     values.update(overrides)
     lines = ["/**:", "  ros__parameters:"]
     for key, value in values.items():
