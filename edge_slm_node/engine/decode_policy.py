@@ -24,8 +24,7 @@ class DecodePolicy:
     unchanged doubles that interval up to `max_explore_every`, a change of choice resets it. So the
     choice follows the machine's load (split needs every core; with another busy process one
     thread is faster) at little cost once settled. `forced` fixes the mode, candidate or not (benchmarks;
-    SPLIT and POOL fall back to ONE_THREAD where there are no other threads, SPLIT also for one
-    sequence); steps are recorded whatever the mode."""
+    it falls back to ONE_THREAD where it cannot run, see _possible); steps are recorded whatever the mode."""
 
     def __init__(self, window: int = 5, trials: int = 3, margin: float = 1.25, explore_every: int = 16,
                  max_explore_every: int = 256):
@@ -41,9 +40,8 @@ class DecodePolicy:
     @staticmethod
     def modes(sequences: int, can_split: bool, can_pool: bool = False) -> tuple:
         """The candidates: split for 2+ sequences when there are side threads; the thread pool when
-        it has 2+ threads (it wins one sequence on some machines: a pool wake-up per matmul costs
-        less than the second core's share of the weights' bandwidth; README, "Threads"); one
-        thread always."""
+        it has 2+ threads; one thread always. Which wins depends on the machine and its load
+        (README, "Scheduler"), so every candidate is measured."""
         split = (DecodeThreading.SPLIT,) if can_split and sequences >= 2 else ()
         pool = (DecodeThreading.POOL,) if can_pool else ()
         return split + pool + (DecodeThreading.ONE_THREAD,)
@@ -51,7 +49,7 @@ class DecodePolicy:
     def choose(self, sequences: int, can_split: bool, can_pool: bool = False) -> DecodeThreading:
         modes = self.modes(sequences, can_split, can_pool)
         if self.forced is not None:
-            return self.forced if self.forced in modes else DecodeThreading.ONE_THREAD
+            return self.forced if _possible(self.forced, sequences, can_split, can_pool) else DecodeThreading.ONE_THREAD
         if len(modes) == 1:
             return modes[0]
         state = self._state.setdefault(sequences, _Choice(self.explore_every))
@@ -100,6 +98,13 @@ class DecodePolicy:
         """Its latest step took more than margin x the best other mode's median."""
         latest = self._times[(sequences, mode)][-1]
         return latest > self.margin * min(self.estimate(sequences, w) for w in modes if w is not mode)
+
+
+def _possible(mode: DecodeThreading, sequences: int, can_split: bool, can_pool: bool) -> bool:
+    """Whether a forced mode can run: split needs side threads and 2+ sequences, the pool 2+ threads."""
+    if mode is DecodeThreading.SPLIT:
+        return can_split and sequences >= 2
+    return can_pool or mode is DecodeThreading.ONE_THREAD
 
 
 class _Choice:
