@@ -113,5 +113,5 @@ class Postprocessor:
         try:
             request.on_event(event)
         except Exception as failure:        # a broken subscriber must not stop the engine
-            log.error("request %d of %r: its event subscriber failed: %s: %s", request.request_id,
+            log.error("request %d of %r: its event subscriber failed: %s: %s", request.serial,
                       request.session_id, type(failure).__name__, failure)

@@ -44,7 +44,7 @@ class TokenEvent:
 
 @dataclass
 class Request:
-    request_id: int
+    serial: int                      # the engine's own number (clients have their request_id)
     session_id: str
     text: str
     params: SamplingParams

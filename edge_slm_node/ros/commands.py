@@ -98,10 +98,10 @@ class CommandStreams:
         """The chunk number of this event; a final event retires the request."""
         request = event.request
         with self._lock:
-            seq = self._chunk_seq.get(request.request_id, 0)
-            self._chunk_seq[request.request_id] = seq + 1
+            seq = self._chunk_seq.get(request.serial, 0)
+            self._chunk_seq[request.serial] = seq + 1
             if event.finish_reason is not None:
-                del self._chunk_seq[request.request_id]
+                del self._chunk_seq[request.serial]
                 self._in_flight.discard(key)
         return seq
 
