@@ -1,0 +1,153 @@
+"""Q5_0: blocks of 32 weights in 22 bytes: f16 d, uint32 qh (5th bits), 16 nibble bytes;
+w = d * (q - 16), q = nibble | fifth bit << 4 (0..31).
+
+Packed layout (a group of 8 rows, per block, 176 bytes): d[8] f16 | fifth bits 32 B | 4 chunks
+of 32 B (kernels/quants/bits5.py). Activations: Q8_0 (kernels/quantize.py), plus per token
+16 * (the sum of each 4 consecutive q) in the q16 slot, for the -16 offset.
+llama.cpp's AVX2 ggml_vec_dot_q5_0_q8_0 (decode) and tinyBLAS_Q0_AVX (prompts) sum lane l over
+the 4-weight group l of each block, exactly, then a_l = fma(d_w * d_x, isum_l, a_l) block after
+block and ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)): every kernel here does the same, so
+the results are bit-equal to llama.cpp's (isum_l = sum(q * x) - 16 * sum(x) over the group:
+the same integer as its signed bytes' dot).
+"""
+import numpy as np
+from numba import njit
+
+from ..quantize import quantize_rows_q8
+from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, store_f32x8, to_f32, zeros_f32x8
+from ..simd_int import add_pairs_i16, bits_or, broadcast_i32, broadcast_i8x4, dot_pairs_u8_i8, high_nibbles, \
+    load_i8x32, low_nibbles, sub_int
+from .bits5 import fifth_bit, fifth_bits, five_bit_values, repack5
+from .common import MATMUL_SIGNATURE, dequantize_halves, locate, rows_of, run_parallel, run_serial
+from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+
+FUSABLE = True           # several matrices concatenated, one output per part
+SCRATCH_SLOTS = ("q8", "q16", "scales", "sums")
+TYPE_SIZE = 22
+GROUP_BLOCK_BYTES = 176
+
+
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+    """NumPy reference: GGUF blocks (n, 22) u8 -> (n, 32) f32."""
+    return dequantize_halves(blocks, 0) * (five_bit_values(blocks, 2) - np.float32(16.0))
+
+
+def pack(raw: np.ndarray) -> tuple:
+    """GGUF rows (rows, nb*22) -> (packed groups, tail rows); see the layout above."""
+    return repack5(raw, TYPE_SIZE, 2)
+
+
+@njit(cache=True, inline="always")
+def _prepare(x, scratch):
+    num_tokens, length = x.shape
+    xq = rows_of(scratch.q8, num_tokens, length)
+    xd = rows_of(scratch.scales, num_tokens, length // 32)
+    quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
+    offsets = rows_of(scratch.q16, num_tokens, length // 4)
+    for t in range(num_tokens):                 # 16 * sum of each 4 q: the -16 of every lane
+        for k in range(length // 4):
+            total = np.int32(0)
+            for e in range(4):
+                total += np.int32(xq[t, 4 * k + e])
+            offsets[t, k] = 16 * total
+    return xq, offsets, xd
+
+
+@njit(cache=True, inline="always")
+def _lane(q, bits, k, x, offsets, at):
+    """8 rows' 5-bit weights (nibbles q, fifth bits at bit k of bits) . x[at..at+3], minus the
+    offset 16 * sum(x[at..at+3]) -> F32x8 (exact integers)."""
+    isum = add_pairs_i16(dot_pairs_u8_i8(bits_or(q, fifth_bits(bits, k)), broadcast_i8x4(x, at)))
+    return to_f32(sub_int(isum, broadcast_i32(offsets, at // 4)))
+
+
+@njit(cache=True)
+def _group_one(w, xq, offsets, xd, out, t, col):
+    """8 rows (packed Q5_0 group w) x token t -> out[t, col:col+8]."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_f32x8()
+    x, off = xq[t], offsets[t]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 3)
+        dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
+        bits = load_i8x32(w, base + 16)
+        at = b * 32
+        q = load_i8x32(w, base + 48)
+        a0 = fma(dd, _lane(low_nibbles(q), bits, 0, x, off, at), a0)
+        a4 = fma(dd, _lane(high_nibbles(q), bits, 1, x, off, at + 16), a4)
+        q = load_i8x32(w, base + 80)
+        a1 = fma(dd, _lane(low_nibbles(q), bits, 2, x, off, at + 4), a1)
+        a5 = fma(dd, _lane(high_nibbles(q), bits, 3, x, off, at + 20), a5)
+        q = load_i8x32(w, base + 112)
+        a2 = fma(dd, _lane(low_nibbles(q), bits, 4, x, off, at + 8), a2)
+        a6 = fma(dd, _lane(high_nibbles(q), bits, 5, x, off, at + 24), a6)
+        q = load_i8x32(w, base + 144)
+        a3 = fma(dd, _lane(low_nibbles(q), bits, 6, x, off, at + 12), a3)
+        a7 = fma(dd, _lane(high_nibbles(q), bits, 7, x, off, at + 28), a7)
+    store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+
+
+@njit(cache=True)
+def _groups(first, last, packed, acts, outs, part_ends):
+    xq, offsets, xd = acts
+    for i in range(first, last):
+        part, col = locate(part_ends, i)
+        out = outs[part]
+        for t in range(xd.shape[0]):
+            _group_one(packed[i], xq, offsets, xd, out, t, col)
+
+
+@njit(cache=True)
+def _tail(tail, acts, outs, part_ends):
+    xq, offsets, xd = acts
+    out = outs[part_ends.shape[0] - 1]
+    first = out.shape[1] - tail.shape[0]
+    for r in range(tail.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t])
+
+
+@njit(cache=True)
+def row_dot(row, xq, xd):
+    """One Q5_0 row (nb*22 B) . one token's Q8_0 activations -> float32 (llama.cpp's order)."""
+    lanes = np.zeros(8, np.float32)
+    for b in range(xd.shape[0]):
+        base = b * TYPE_SIZE
+        dd = scale_at(row, base) * xd[b]
+        for lane in range(8):
+            isum = np.int32(0)
+            for e in range(4):
+                j = 4 * lane + e
+                byte = np.int32(row[base + 6 + j % 16])
+                nibble = byte & 15 if j < 16 else byte >> 4
+                isum += ((nibble | fifth_bit(row, base + 2, j)) - 16) * np.int32(xq[b * 32 + j])
+            lanes[lane] = fma(dd, np.float32(isum), lanes[lane])
+    return lane_sum(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7])
+
+
+@njit(cache=True, nogil=True)
+def embed_rows(raw, rows, out):
+    """Dequantize rows (T,) of a GGUF-layout Q5_0 matrix (vocab, nb*22) -> out (T, n) f32 (llama.cpp's
+    dequantize_row_q5_0: d * (q - 16))."""
+    for t in range(rows.shape[0]):
+        source = raw[rows[t]]
+        for b in range(out.shape[1] // 32):
+            d = scale_at(source, b * TYPE_SIZE)
+            for j in range(32):
+                byte = np.int32(source[b * TYPE_SIZE + 6 + j % 16])
+                nibble = byte & 15 if j < 16 else byte >> 4
+                out[t, b * 32 + j] = d * np.float32((nibble | fifth_bit(source, b * TYPE_SIZE + 2, j)) - 16)
+
+
+# ------------------------------------------------------------------ the two entry points
+
+@njit(MATMUL_SIGNATURE, cache=True, nogil=True)
+def matmul_serial(packed, tail, part_ends, x, scratch, outs):
+    """W Q5_0 packed + tail @ x (T, K) -> outs (kernels/quants/common.py), on this thread."""
+    run_serial(_prepare, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+
+
+@njit(MATMUL_SIGNATURE, cache=True, parallel=True)
+def matmul_parallel(packed, tail, part_ends, x, scratch, outs):
+    """The same on numba's thread pool when big enough."""
+    run_parallel(_prepare, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
