@@ -16,7 +16,7 @@ from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts
                               matmul_table)
 from ..kernels.quants import Q8_0
 from ..kernels.quants.common import new_scratch
-from ..kernels.quants.q8_0 import embed_rows, gather_rows
+from ..kernels.quants.q8_0 import gather_rows
 from .buffers import resident_zeros
 from .config import ModelConfig
 from .linear import FusedLinear
@@ -95,6 +95,8 @@ class Transformer:
         # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
         self.embedding_from_head = weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
+        # Otherwise the type's GGUF-layout row lookup (Q8_0, Q5_0, Q5_1, the K-quants), else NumPy.
+        self.embed_rows = getattr(weights.embedding_quant.kernels, "embed_rows", None)
 
     def resident_arrays(self) -> list:
         """Every array a forward pass reads or writes: weights and buffers (to lock them in RAM)."""
@@ -116,8 +118,8 @@ class Transformer:
         w = self.weights
         if self.embedding_from_head:
             gather_rows(w.output.packed, w.output.tail, token_ids, out)
-        elif w.embedding_quant is Q8_0:
-            embed_rows(w.embedding_raw, token_ids, out)
+        elif self.embed_rows is not None:
+            self.embed_rows(w.embedding_raw, token_ids, out)
         else:
             out[:] = w.embedding_quant.dequantize(w.embedding_raw[token_ids])
 
