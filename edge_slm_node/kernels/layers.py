@@ -16,7 +16,9 @@ namedtuples built once by model/transformer.py:
   inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
   batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
            token_context, prompt_order (T,)
-  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch
+  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch, avx512
+           (attention and SwiGLU in the summation orders and exp of llama.cpp's AVX-512 build,
+           else of its AVX2 build; the matmuls are the same in both)
 """
 import warnings
 from collections import namedtuple
@@ -74,7 +76,8 @@ Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "att
 BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
                                          "prompt_order"])
 LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", "num_heads", "num_kv_heads",
-                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits"])
+                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits",
+                                         "avx512"])
 
 
 @njit(cache=True, inline="always")
@@ -125,15 +128,16 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
         if attention_on_pool:
             paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                      batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
-                                     c.attention_work)
+                                     c.attention_work, c.avx512)
         else:
             paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work)
+                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work,
+                                   c.avx512)
         _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
         add_in_place(acts.hidden, acts.proj)
         rms_norm(acts.hidden, layer.ffn_norm, c.eps, acts.normed)
         _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, acts.normed, model_input, acts.gate, acts.up,
                empty, empty)
-        silu_mul(acts.gate, acts.up, acts.gate)
+        silu_mul(acts.gate, acts.up, acts.gate, c.avx512)
         _matmul(layer, matmuls, kernel_of, index, DOWN, acts.gate, ffn_input, (acts.proj, empty, empty))
         add_in_place(acts.hidden, acts.proj)

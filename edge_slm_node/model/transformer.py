@@ -57,7 +57,9 @@ class Transformer:
     """Runs ModelWeights; owns every activation buffer (allocated once for max_batch_tokens)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_batch_tokens: int,
-                 max_context: int, max_logits_rows: int):
+                 max_context: int, max_logits_rows: int, avx512: bool = False):
+        """avx512: attention and SwiGLU round as llama.cpp's AVX-512 build does (its native build
+        on a CPU with AVX-512), else as its AVX2 build; the matmuls are the same in both."""
         self.config = config
         self.weights = weights
         self.max_batch_tokens = max_batch_tokens
@@ -91,7 +93,7 @@ class Transformer:
         self.consts = LayerConsts(
             np.float32(c.rms_norm_eps), rope_cos, rope_sin, c.rope_neox, c.num_heads, c.num_kv_heads, c.head_dim,
             np.float32(1.0) / np.sqrt(np.float32(c.head_dim)),          # 1.0f/sqrtf(d) as llama.cpp
-            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16))
+            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16), bool(avx512))
         # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
         self.embedding_from_head = weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw

@@ -9,7 +9,11 @@ Activations: Q8_K. llama.cpp's x86 build runs ggml_vec_dot_q5_K_q8_K (AVX2) for 
 decode alike (no repacking on x86): 8 lanes per row, lane l the exact integer
     S_l = sum over j of sc_2j * (q . x over weights 64j+4l..+3) + sc_2j+1 * (over 64j+32+4l..+3)
 a_l = fma(d * d_x, float(S_l), a_l), summs = fma(-d_x * dmin, float(sum of m_s * bsum32_s), summs),
-result ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs: the kernels here do the same.
+result ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs. Calls with 8 or more tokens go
+to llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, AVX-512 VNNI microkernel), which per
+super-block takes the exact integers S = sum of the S_l and M = sum of m_s * bsum32_s and
+accumulates acc = fma(fma(-float(M), dmin, float(S) * d), d_x, acc). The kernels here do the
+same, with the same split of calls.
 """
 import numpy as np
 from numba import njit
@@ -17,6 +21,7 @@ from numba import njit
 from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, low_nibbles, mul_i32)
+from ..vec8 import sub
 from .bits5 import fifth_bits
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, pair_sum, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k,
@@ -72,14 +77,17 @@ def _pair(w, at, bits, j, x, x_at, low_scale, high_scale):
     return add(dot_pairs_i16(low, low_scale), dot_pairs_i16(high, high_scale))
 
 
+TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at least this many tokens
+
+
 @njit(cache=True, inline="always")
 def _lane(w, base, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
-    """float(S_lane) of super-block b for 8 rows; e0..e7: the 8 sub-block scales (I16x16)."""
+    """S_lane (I32x8) of super-block b for 8 rows; e0..e7: the 8 sub-block scales (I16x16)."""
     at, x_at = base + _LANES + 160 * lane, b * 256 + 4 * lane
     bits = load_i8x32(w, at)
     s = add(_pair(w, at + 32, bits, 0, x, x_at, e0, e1), _pair(w, at + 64, bits, 1, x, x_at + 64, e2, e3))
     s = add(s, _pair(w, at + 96, bits, 2, x, x_at + 128, e4, e5))
-    return to_f32(add(s, _pair(w, at + 128, bits, 3, x, x_at + 192, e6, e7)))
+    return add(s, _pair(w, at + 128, bits, 3, x, x_at + 192, e6, e7))
 
 
 @njit(cache=True, inline="always")
@@ -108,25 +116,60 @@ def _group_one(w, xq, xd, bsums, out, t, col):
         mins = add(add(add(m0, m1), add(m2, m3)), add(add(m4, m5), add(m6, m7)))
         summs = fma(mul(load_halves_as_f32(w, base + 16), splat_f32(-xd[t, b])), to_f32(mins), summs)
         dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
-        a0 = fma(dd, _lane(w, base, x, b, 0, e0, e1, e2, e3, e4, e5, e6, e7), a0)
-        a1 = fma(dd, _lane(w, base, x, b, 1, e0, e1, e2, e3, e4, e5, e6, e7), a1)
-        a2 = fma(dd, _lane(w, base, x, b, 2, e0, e1, e2, e3, e4, e5, e6, e7), a2)
-        a3 = fma(dd, _lane(w, base, x, b, 3, e0, e1, e2, e3, e4, e5, e6, e7), a3)
-        a4 = fma(dd, _lane(w, base, x, b, 4, e0, e1, e2, e3, e4, e5, e6, e7), a4)
-        a5 = fma(dd, _lane(w, base, x, b, 5, e0, e1, e2, e3, e4, e5, e6, e7), a5)
-        a6 = fma(dd, _lane(w, base, x, b, 6, e0, e1, e2, e3, e4, e5, e6, e7), a6)
-        a7 = fma(dd, _lane(w, base, x, b, 7, e0, e1, e2, e3, e4, e5, e6, e7), a7)
+        a0 = fma(dd, to_f32(_lane(w, base, x, b, 0, e0, e1, e2, e3, e4, e5, e6, e7)), a0)
+        a1 = fma(dd, to_f32(_lane(w, base, x, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)), a1)
+        a2 = fma(dd, to_f32(_lane(w, base, x, b, 2, e0, e1, e2, e3, e4, e5, e6, e7)), a2)
+        a3 = fma(dd, to_f32(_lane(w, base, x, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)), a3)
+        a4 = fma(dd, to_f32(_lane(w, base, x, b, 4, e0, e1, e2, e3, e4, e5, e6, e7)), a4)
+        a5 = fma(dd, to_f32(_lane(w, base, x, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)), a5)
+        a6 = fma(dd, to_f32(_lane(w, base, x, b, 6, e0, e1, e2, e3, e4, e5, e6, e7)), a6)
+        a7 = fma(dd, to_f32(_lane(w, base, x, b, 7, e0, e1, e2, e3, e4, e5, e6, e7)), a7)
     store_f32x8(out[t], col, add(vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7), summs))
+
+
+@njit(cache=True)
+def _group_tiled(w, xq, xd, bsums, out, t, col):
+    """8 rows (packed Q5_K group w) x token t of a call with >= 8 tokens -> out[t, col:col+8], the
+    tiled matmul's order."""
+    acc = zeros_f32x8()
+    x, sums = xq[t], bsums[t]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        e0, m0 = _scale_pairs(w, base, sums, b, 0)
+        e1, m1 = _scale_pairs(w, base, sums, b, 1)
+        e2, m2 = _scale_pairs(w, base, sums, b, 2)
+        e3, m3 = _scale_pairs(w, base, sums, b, 3)
+        e4, m4 = _scale_pairs(w, base, sums, b, 4)
+        e5, m5 = _scale_pairs(w, base, sums, b, 5)
+        e6, m6 = _scale_pairs(w, base, sums, b, 6)
+        e7, m7 = _scale_pairs(w, base, sums, b, 7)
+        mins = add(add(add(m0, m1), add(m2, m3)), add(add(m4, m5), add(m6, m7)))
+        s = add(add(add(_lane(w, base, x, b, 0, e0, e1, e2, e3, e4, e5, e6, e7),
+                        _lane(w, base, x, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)),
+                    add(_lane(w, base, x, b, 2, e0, e1, e2, e3, e4, e5, e6, e7),
+                        _lane(w, base, x, b, 3, e0, e1, e2, e3, e4, e5, e6, e7))),
+                add(add(_lane(w, base, x, b, 4, e0, e1, e2, e3, e4, e5, e6, e7),
+                        _lane(w, base, x, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)),
+                    add(_lane(w, base, x, b, 6, e0, e1, e2, e3, e4, e5, e6, e7),
+                        _lane(w, base, x, b, 7, e0, e1, e2, e3, e4, e5, e6, e7))))
+        scaled = mul(to_f32(s), load_halves_as_f32(w, base))
+        r = fma(sub(zeros_f32x8(), to_f32(mins)), load_halves_as_f32(w, base + 16), scaled)
+        acc = fma(r, splat_f32(xd[t, b]), acc)
+    store_f32x8(out[t], col, acc)
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     xq, xd, bsums = acts
+    tiled = xd.shape[0] >= TILED_MIN_TOKENS
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         for t in range(xd.shape[0]):
-            _group_one(packed[i], xq, xd, bsums, out, t, col)
+            if tiled:
+                _group_tiled(packed[i], xq, xd, bsums, out, t, col)
+            else:
+                _group_one(packed[i], xq, xd, bsums, out, t, col)
 
 
 @njit(cache=True)
@@ -136,7 +179,7 @@ def _tail(tail, acts, outs, part_ends):
     first = out.shape[1] - tail.shape[0]
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t])
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], xd.shape[0] >= TILED_MIN_TOKENS)
 
 
 @njit(cache=True, inline="always")
@@ -148,10 +191,11 @@ def _q5(row, base, i):
 
 
 @njit(cache=True)
-def row_dot(row, xq, xd, bsums):
-    """One Q5_K row (nb*176 B) . one token's Q8_K activations -> float32 (llama.cpp's order)."""
+def row_dot(row, xq, xd, bsums, tiled):
+    """One Q5_K row (nb*176 B) . one token's Q8_K activations -> float32 (llama.cpp's vec_dot
+    order, or with `tiled` its tiled matmul's)."""
     lanes = np.zeros(8, np.float32)
-    summs = np.float32(0.0)
+    summs = acc = np.float32(0.0)
     for b in range(xd.shape[0]):
         base = b * TYPE_SIZE
         dd, dmin = xd[b] * scale_at(row, base), -xd[b] * scale_at(row, base + 2)
@@ -159,6 +203,7 @@ def row_dot(row, xq, xd, bsums):
         for s in range(8):
             mins += scale_min(row, base + 4, s)[1] * pair_sum(bsums, b * 16 + 2 * s)
         summs = fma(dmin, np.float32(mins), summs)
+        s_total = np.int32(0)
         for lane in range(8):
             total = np.int32(0)
             for s in range(8):
@@ -168,6 +213,11 @@ def row_dot(row, xq, xd, bsums):
                     isum += _q5(row, base, i) * np.int32(xq[b * 256 + i])
                 total += scale_min(row, base + 4, s)[0] * isum
             lanes[lane] = fma(dd, np.float32(total), lanes[lane])
+            s_total += total
+        scaled = np.float32(s_total) * scale_at(row, base)
+        acc = fma(fma(-np.float32(mins), scale_at(row, base + 2), scaled), xd[b], acc)
+    if tiled:
+        return acc
     return lane_sum(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7]) + summs
 
 

@@ -11,7 +11,11 @@ row; lane l holds, per super-block, the exact integer
     S_l = sum over the 8 vectors v of 32 weights of sc[2v + (l >= 4)] * (q . x over weights
           32v+4l..32v+4l+3)  -  32 * (sc[2l] * bsum[2l] + sc[2l+1] * bsum[2l+1])
 and a_l = fma(d * d_x, float(S_l), a_l), the result ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)).
-The kernels here hold those lanes for 8 rows (one F32x8 per lane), so they are bit-equal to it.
+That is for fewer than 8 tokens; with 8 or more llama.cpp runs its tiled K-quant matmul
+(ggml-cpu/tiled, AVX-512 VNNI microkernel), which per super-block takes the exact integer
+S = sum of the S_l and accumulates acc = fma(float(S) * d, d_x, acc) (the product rounded).
+The kernels here hold those lanes for 8 rows (one F32x8 per lane) and take the same split of
+calls (T >= 8: the tiled order for every token), so they are bit-equal to it.
 """
 import numpy as np
 from numba import njit
@@ -82,15 +86,18 @@ def _half(w, at, x, x_at, s0, s1, s2, s3):
     return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, broadcast_i8x4(x, x_at + 96)), s3))
 
 
+TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at least this many tokens
+
+
 @njit(cache=True, inline="always")
 def _lane(w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
-    """float(S_lane) of super-block b for 8 rows; e0..e7: the scales of the lane's half (see top)."""
+    """S_lane (I32x8) of super-block b for 8 rows; e0..e7: the scales of the lane's half (see top)."""
     at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
     s = add(_half(w, at, x, x_at, e0, e1, e2, e3), _half(w, at + 96, x, x_at + 128, e4, e5, e6, e7))
     m = 2 * lane
     offset = add(mul_i32(load_i8x8_as_i32(w, base + _SCALES + 8 * m), splat_i32(bsums[b * 16 + m])),
                  mul_i32(load_i8x8_as_i32(w, base + _SCALES + 8 * m + 8), splat_i32(bsums[b * 16 + m + 1])))
-    return to_f32(sub_int(s, shift_left(offset, 5)))
+    return sub_int(s, shift_left(offset, 5))
 
 
 @njit(cache=True)
@@ -104,27 +111,55 @@ def _group_one(w, xq, xd, bsums, out, t, col):
         dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
         e0, e1, e2, e3 = _scales(w, base, 0), _scales(w, base, 2), _scales(w, base, 4), _scales(w, base, 6)
         e4, e5, e6, e7 = _scales(w, base, 8), _scales(w, base, 10), _scales(w, base, 12), _scales(w, base, 14)
-        a0 = fma(dd, _lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7), a0)
-        a1 = fma(dd, _lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7), a1)
-        a2 = fma(dd, _lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7), a2)
-        a3 = fma(dd, _lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7), a3)
+        a0 = fma(dd, to_f32(_lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7)), a0)
+        a1 = fma(dd, to_f32(_lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)), a1)
+        a2 = fma(dd, to_f32(_lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7)), a2)
+        a3 = fma(dd, to_f32(_lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)), a3)
         e0, e1, e2, e3 = _scales(w, base, 1), _scales(w, base, 3), _scales(w, base, 5), _scales(w, base, 7)
         e4, e5, e6, e7 = _scales(w, base, 9), _scales(w, base, 11), _scales(w, base, 13), _scales(w, base, 15)
-        a4 = fma(dd, _lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7), a4)
-        a5 = fma(dd, _lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7), a5)
-        a6 = fma(dd, _lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7), a6)
-        a7 = fma(dd, _lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7), a7)
+        a4 = fma(dd, to_f32(_lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7)), a4)
+        a5 = fma(dd, to_f32(_lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)), a5)
+        a6 = fma(dd, to_f32(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7)), a6)
+        a7 = fma(dd, to_f32(_lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7)), a7)
     store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+
+
+@njit(cache=True)
+def _group_tiled(w, xq, xd, bsums, out, t, col):
+    """8 rows (packed Q6_K group w) x token t of a call with >= 8 tokens -> out[t, col:col+8], the
+    tiled matmul's order."""
+    acc = zeros_f32x8()
+    x, sums = xq[t], bsums[t]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        e0, e1, e2, e3 = _scales(w, base, 0), _scales(w, base, 2), _scales(w, base, 4), _scales(w, base, 6)
+        e4, e5, e6, e7 = _scales(w, base, 8), _scales(w, base, 10), _scales(w, base, 12), _scales(w, base, 14)
+        s = add(add(_lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7),
+                    _lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)),
+                add(_lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7),
+                    _lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)))
+        e0, e1, e2, e3 = _scales(w, base, 1), _scales(w, base, 3), _scales(w, base, 5), _scales(w, base, 7)
+        e4, e5, e6, e7 = _scales(w, base, 9), _scales(w, base, 11), _scales(w, base, 13), _scales(w, base, 15)
+        s = add(s, add(add(_lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7),
+                           _lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)),
+                       add(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7),
+                           _lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7))))
+        acc = fma(mul(to_f32(s), load_halves_as_f32(w, base)), splat_f32(xd[t, b]), acc)
+    store_f32x8(out[t], col, acc)
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     xq, xd, bsums = acts
+    tiled = xd.shape[0] >= TILED_MIN_TOKENS
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         for t in range(xd.shape[0]):
-            _group_one(packed[i], xq, xd, bsums, out, t, col)
+            if tiled:
+                _group_tiled(packed[i], xq, xd, bsums, out, t, col)
+            else:
+                _group_one(packed[i], xq, xd, bsums, out, t, col)
 
 
 @njit(cache=True)
@@ -134,7 +169,7 @@ def _tail(tail, acts, outs, part_ends):
     first = out.shape[1] - tail.shape[0]
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t])
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], xd.shape[0] >= TILED_MIN_TOKENS)
 
 
 @njit(cache=True, inline="always")
@@ -146,13 +181,16 @@ def _q6(row, base, i):
 
 
 @njit(cache=True)
-def row_dot(row, xq, xd, bsums):
-    """One Q6_K row (nb*210 B) . one token's Q8_K activations -> float32 (llama.cpp's order)."""
+def row_dot(row, xq, xd, bsums, tiled):
+    """One Q6_K row (nb*210 B) . one token's Q8_K activations -> float32 (llama.cpp's vec_dot
+    order, or with `tiled` its tiled matmul's)."""
     lanes = np.zeros(8, np.float32)
+    acc = np.float32(0.0)
     signed = row.view(np.int8)
     for b in range(xd.shape[0]):
         base = b * TYPE_SIZE
         dd = xd[b] * scale_at(row, base + 208)
+        total = np.int32(0)
         for lane in range(8):
             s = np.int32(0)
             for v in range(8):
@@ -165,6 +203,10 @@ def row_dot(row, xq, xd, bsums):
             s -= 32 * (np.int32(signed[base + 192 + m]) * bsums[b * 16 + m]
                        + np.int32(signed[base + 193 + m]) * bsums[b * 16 + m + 1])
             lanes[lane] = fma(dd, np.float32(s), lanes[lane])
+            total += s
+        acc = fma(np.float32(total) * scale_at(row, base + 208), xd[b], acc)
+    if tiled:
+        return acc
     return lane_sum(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7])
 
 
