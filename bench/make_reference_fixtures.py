@@ -320,10 +320,12 @@ def main() -> None:
     parser.add_argument("--name", default=None, help="fixture file suffix for --model (default: its file name)")
     parser.add_argument("--speed-only", action="store_true")
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--out-dir", type=Path, default=FIXTURES, help="where to write (default test/fixtures)")
     args = parser.parse_args()
     model = args.model or find_model()
     suffix = "" if args.model is None else "_" + (args.name or model.name.removesuffix(".gguf"))
-    tokens_path, greedy_path = FIXTURES / f"llama_cpp_tokens{suffix}.json", FIXTURES / f"llama_cpp_greedy{suffix}.json"
+    tokens_path = args.out_dir / f"llama_cpp_tokens{suffix}.json"
+    greedy_path = args.out_dir / f"llama_cpp_greedy{suffix}.json"
     llama_cpp.llama_backend_init()
     if not args.speed_only:
         system_info = llama_cpp.llama_print_system_info().decode()
@@ -340,7 +342,7 @@ def main() -> None:
             "machine": platform.machine(),
             "gguf_py": f"{gguf.__version__ if hasattr(gguf, '__version__') else 'unknown'} ({Path(gguf.__file__).parent})",
         }
-        FIXTURES.mkdir(parents=True, exist_ok=True)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         tokens_fixture = make_tokens_fixture(model, provenance)
         tokens_path.write_text(json.dumps(tokens_fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         eog_ids = set(tokens_fixture["vocab"]["eog_ids"])
