@@ -144,10 +144,13 @@ class Transformer:
         self.embed(batch.token_ids, acts.hidden)
         decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
                        BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
-                                   batch.token_context, prompt_order), self.consts, kv_arena, parallel)
+                                   batch.token_context, prompt_order, batch.logits_rows), self.consts, kv_arena,
+                       parallel)
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
-        ops.rms_norm(acts.hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
+        # fewer rows than tokens: the last layer finished only those, into hidden[:rows] (kernels/layers.py)
+        selected = acts.hidden[:rows] if rows < num_tokens else acts.hidden[batch.logits_rows]
+        ops.rms_norm(selected, self.weights.output_norm, c.rms_norm_eps, final)
         logits = self.logits[:rows]
         self.weights.output.apply(final, self.head_input, logits, parallel)
         return logits
