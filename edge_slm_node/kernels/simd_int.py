@@ -226,3 +226,50 @@ def broadcast_i32(typingctx, arr, index):
             value = builder.sext(value, _I32)
         return _splat(builder, value, _vec("i32", 8))
     return I32x8(arr, index), codegen
+
+
+shift_right_signed = _by_scalar("ashr", "v >> n (arithmetic: the sign shifted in), every lane by the same count.")
+
+
+def _dot4_fallback(builder, acc, unsigned, signed):
+    """acc + the 4-byte sums of unsigned * signed through pmaddubsw / pmaddwd semantics (exact
+    while a pair of products stays within int16)."""
+    wide = _vec("i16", 32)
+    products = builder.mul(builder.zext(unsigned, wide), builder.sext(signed, wide))
+    pairs = _pair_sums(builder, products, 16)
+    return builder.add(acc, _pair_sums(builder, builder.sext(pairs, _vec("i32", 16)), 8))
+
+
+def _vnni(context, builder, acc, unsigned, signed):
+    i32x8 = _vec("i32", 8)
+    return _x86_call(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
+                     [acc, builder.bitcast(unsigned, i32x8), builder.bitcast(signed, i32x8)])
+
+
+@intrinsic
+def dot4_acc(typingctx, acc, unsigned, signed):
+    """acc (I32x8) + per lane the sum of 4 products of unsigned bytes (<= 127) and signed bytes:
+    vpdpbusd where the CPU has AVX-VNNI / AVX512-VNNI, else pmaddubsw + pmaddwd (exact)."""
+    if acc != I32x8 or unsigned != I8x32 or signed != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl"):
+            return _vnni(context, builder, *args)
+        return _dot4_fallback(builder, *args)
+    return I32x8(acc, unsigned, signed), codegen
+
+
+@intrinsic
+def dot4_high_nibbles_acc(typingctx, acc, q, signed):
+    """acc (I32x8) + 16 * per lane the sum of 4 products of the high nibbles of q and signed bytes:
+    vpdpbusd on q & 0xF0 with VNNI (no shift needed), else (q >> 4) through pmaddubsw, times 16."""
+    if acc != I32x8 or q != I8x32 or signed != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl"):
+            return _vnni(context, builder, args[0], builder.and_(args[1], _const("i8", 32, 0xF0)), args[2])
+        sums = _dot4_fallback(builder, _const("i32", 8, 0), builder.lshr(args[1], _const("i8", 32, 4)), args[2])
+        return builder.add(args[0], builder.shl(sums, _const("i32", 8, 4)))
+    return I32x8(acc, q, signed), codegen

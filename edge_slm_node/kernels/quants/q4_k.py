@@ -17,9 +17,10 @@ so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same
 import numpy as np
 from numba import njit
 
-from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
-from ..simd_int import (broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs, load_i8x32,
-                        low_nibbles, mul_i32)
+from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
+                    zeros_i32x8)
+from ..simd_int import (broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, load_i8x32, low_nibbles, mul_i32,
+                        shift_right_signed)
 from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, pair_sum, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k,
@@ -64,24 +65,23 @@ def pack(raw: np.ndarray) -> tuple:
 @njit(cache=True, inline="always")
 def _sub_pair(w, at, x, x_at):
     """Sub-blocks 2j (low nibbles) and 2j+1 (high) of 8 rows, 8 chunks from w[at], against
-    x[x_at..x_at+63] -> two I16x16 of pair sums (exact: |sum| <= 16 * 15 * 127)."""
-    q = load_i8x32(w, at)
-    low = dot_pairs_u8_i8(low_nibbles(q), broadcast_i8x4(x, x_at))
-    high = dot_pairs_u8_i8(high_nibbles(q), broadcast_i8x4(x, x_at + 32))
-    for c in range(1, 8):
+    x[x_at..x_at+63] -> (their dots, 16 x the high one's), I32x8 each (exact)."""
+    low = high16 = zeros_i32x8()
+    for c in range(8):
         q = load_i8x32(w, at + 32 * c)
-        low = add(low, dot_pairs_u8_i8(low_nibbles(q), broadcast_i8x4(x, x_at + 4 * c)))
-        high = add(high, dot_pairs_u8_i8(high_nibbles(q), broadcast_i8x4(x, x_at + 32 + 4 * c)))
-    return low, high
+        low = dot4_acc(low, low_nibbles(q), broadcast_i8x4(x, x_at + 4 * c))
+        high16 = dot4_high_nibbles_acc(high16, q, broadcast_i8x4(x, x_at + 32 + 4 * c))
+    return low, high16
 
 
 @njit(cache=True, inline="always")
 def _pair_sums(w, base, x, bsums, b, j):
     """(S, M) of sub-blocks 2j, 2j+1 of super-block b (packed at w[base]) for 8 rows, I32x8 each."""
-    low, high = _sub_pair(w, base + _CHUNKS + 256 * j, x, b * 256 + 64 * j)
+    low, high16 = _sub_pair(w, base + _CHUNKS + 256 * j, x, b * 256 + 64 * j)
     scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
     scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
-    s = add(dot_pairs_i16(low, i16_pairs(scale0)), dot_pairs_i16(high, i16_pairs(scale1)))
+    # scale * (16 * dot) is a multiple of 16: the shift is exact
+    s = add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
     at = b * 16 + 4 * j
     m = add(mul_i32(min0, splat_i32(pair_sum(bsums, at))), mul_i32(min1, splat_i32(pair_sum(bsums, at + 2))))
     return s, m
@@ -105,20 +105,53 @@ def _group_one(w, xq, xd, bsums, out, t, col):
     store_f32x8(out[t], col, sub(acc, acc_min))
 
 
+@njit(cache=True, inline="always")
+def _tile_pair(w, at, x0, x1, x2, x3, x_at):
+    """_sub_pair for 4 tokens: each chunk loaded and its low nibbles taken once for all four."""
+    l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = zeros_i32x8()
+    for c in range(8):
+        q = load_i8x32(w, at + 32 * c)
+        low = low_nibbles(q)
+        lo_at, hi_at = x_at + 4 * c, x_at + 32 + 4 * c
+        l0, h0 = dot4_acc(l0, low, broadcast_i8x4(x0, lo_at)), dot4_high_nibbles_acc(h0, q, broadcast_i8x4(x0, hi_at))
+        l1, h1 = dot4_acc(l1, low, broadcast_i8x4(x1, lo_at)), dot4_high_nibbles_acc(h1, q, broadcast_i8x4(x1, hi_at))
+        l2, h2 = dot4_acc(l2, low, broadcast_i8x4(x2, lo_at)), dot4_high_nibbles_acc(h2, q, broadcast_i8x4(x2, hi_at))
+        l3, h3 = dot4_acc(l3, low, broadcast_i8x4(x3, lo_at)), dot4_high_nibbles_acc(h3, q, broadcast_i8x4(x3, hi_at))
+    return l0, l1, l2, l3, h0, h1, h2, h3
+
+
+@njit(cache=True, inline="always")
+def _tile_token(low, high16, scale0, scale1, min0, min1, sums, at, dd, dmin, acc, acc_min):
+    """One token's S, M of a pair of sub-blocks into its gemm-order accumulators."""
+    s = add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
+    m = add(mul_i32(min0, splat_i32(pair_sum(sums, at))), mul_i32(min1, splat_i32(pair_sum(sums, at + 2))))
+    return fma(to_f32(s), dd, acc), fma(to_f32(m), dmin, acc_min)
+
+
 @njit(cache=True)
-def _group_tiled(w, xq, xd, bsums, out, t, col):
-    """8 rows (packed Q4_K group w) x token t of a 4-token tile -> out[t, col:col+8], the gemm's order."""
-    acc = acc_min = zeros_f32x8()
-    x, sums = xq[t], bsums[t]
+def _group_tile(w, xq, xd, bsums, out, t0, col):
+    """8 rows (packed Q4_K group w) x tokens t0..t0+3 (a gemm tile) -> out[t, col:col+8], the
+    gemm's order; the weights are unpacked once for the 4 tokens."""
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = zeros_f32x8()
+    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
+    s0, s1, s2, s3 = bsums[t0], bsums[t0 + 1], bsums[t0 + 2], bsums[t0 + 3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        dx = splat_f32(xd[t, b])
-        dd, dmin = mul(load_halves_as_f32(w, base), dx), mul(load_halves_as_f32(w, base + 16), dx)
+        d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
+        e0, e1, e2, e3 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b]), splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
         for j in range(4):
-            s, m = _pair_sums(w, base, x, sums, b, j)
-            acc = fma(to_f32(s), dd, acc)
-            acc_min = fma(to_f32(m), dmin, acc_min)
-    store_f32x8(out[t], col, sub(acc, acc_min))
+            scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
+            scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
+            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(w, base + _CHUNKS + 256 * j, x0, x1, x2, x3, b * 256 + 64 * j)
+            at = b * 16 + 4 * j
+            a0, m0 = _tile_token(l0, h0, scale0, scale1, min0, min1, s0, at, mul(d, e0), mul(dmin, e0), a0, m0)
+            a1, m1 = _tile_token(l1, h1, scale0, scale1, min0, min1, s1, at, mul(d, e1), mul(dmin, e1), a1, m1)
+            a2, m2 = _tile_token(l2, h2, scale0, scale1, min0, min1, s2, at, mul(d, e2), mul(dmin, e2), a2, m2)
+            a3, m3 = _tile_token(l3, h3, scale0, scale1, min0, min1, s3, at, mul(d, e3), mul(dmin, e3), a3, m3)
+    store_f32x8(out[t0], col, sub(a0, m0))
+    store_f32x8(out[t0 + 1], col, sub(a1, m1))
+    store_f32x8(out[t0 + 2], col, sub(a2, m2))
+    store_f32x8(out[t0 + 3], col, sub(a3, m3))
 
 
 @njit(cache=True)
@@ -129,8 +162,8 @@ def _groups(first, last, packed, acts, outs, part_ends):
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for t in range(full_tiles):
-            _group_tiled(packed[i], xq, xd, bsums, out, t, col)
+        for t0 in range(0, full_tiles, 4):
+            _group_tile(packed[i], xq, xd, bsums, out, t0, col)
         for t in range(full_tiles, num_tokens):
             _group_one(packed[i], xq, xd, bsums, out, t, col)
 
