@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit
 
 from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, store_f32x8, to_f32, zeros_f32x8
-from ..simd_int import add_pairs_i16, bits_or, broadcast_i8x4, dot_pairs_u8_i8, high_nibbles, load_i8x32, low_nibbles
+from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, store_f32x8, to_f32, zeros_f32x8, zeros_i32x8
+from ..simd_int import bits_or, broadcast_i8x4, dot4_acc, high_nibbles, load_i8x32, low_nibbles
 from .bits5 import fifth_bit, fifth_bits, five_bit_values, repack5
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, rows_of, run_parallel, run_serial
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
@@ -47,7 +47,7 @@ def _prepare(x, scratch):
 @njit(cache=True, inline="always")
 def _lane(q, bits, k, x, at):
     """8 rows' 5-bit weights (nibbles q, fifth bits at bit k of bits) . x[at..at+3] -> F32x8 (exact)."""
-    return to_f32(add_pairs_i16(dot_pairs_u8_i8(bits_or(q, fifth_bits(bits, k)), broadcast_i8x4(x, at))))
+    return to_f32(dot4_acc(zeros_i32x8(), bits_or(q, fifth_bits(bits, k)), broadcast_i8x4(x, at)))
 
 
 @njit(cache=True)

@@ -20,7 +20,8 @@ calls (T >= 8: the tiled order for every token), so they are bit-equal to it.
 import numpy as np
 from numba import njit
 
-from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
+from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
+                    zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int)
@@ -148,14 +149,81 @@ def _group_tiled(w, xq, xd, bsums, out, t, col):
     store_f32x8(out[t], col, acc)
 
 
+@njit(cache=True, inline="always")
+def _dots4(v0, v1, v2, v3, x, x_at, s0, s1, s2, s3):
+    """One token's sum over 4 vectors (v_k . x[x_at + 32k..]) times their scales -> I32x8."""
+    s = dot_pairs_i16(dot_pairs_u8_i8(v0, broadcast_i8x4(x, x_at)), s0)
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, broadcast_i8x4(x, x_at + 32)), s1))
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, broadcast_i8x4(x, x_at + 64)), s2))
+    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, broadcast_i8x4(x, x_at + 96)), s3))
+
+
+@njit(cache=True, inline="always")
+def _half4(w, at, x0, x1, x2, x3, x_at, s0, s1, s2, s3):
+    """_half for 4 tokens: the 6-bit values unpacked once."""
+    low, high, bits = load_i8x32(w, at), load_i8x32(w, at + 32), load_i8x32(w, at + 64)
+    v0 = bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4))
+    v1 = bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2))
+    v2 = bits_or(high_nibbles(low), mask_bits(bits, 48))
+    v3 = bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2))
+    return (_dots4(v0, v1, v2, v3, x0, x_at, s0, s1, s2, s3), _dots4(v0, v1, v2, v3, x1, x_at, s0, s1, s2, s3),
+            _dots4(v0, v1, v2, v3, x2, x_at, s0, s1, s2, s3), _dots4(v0, v1, v2, v3, x3, x_at, s0, s1, s2, s3))
+
+
+@njit(cache=True, inline="always")
+def _offset(w, base, sums, b, m):
+    """32 * (sc[m] * bsum[m] + sc[m+1] * bsum[m+1]) for 8 rows (I32x8)."""
+    at = base + _SCALES + 8 * m
+    return shift_left(add(mul_i32(load_i8x8_as_i32(w, at), splat_i32(sums[b * 16 + m])),
+                          mul_i32(load_i8x8_as_i32(w, at + 8), splat_i32(sums[b * 16 + m + 1]))), 5)
+
+
+@njit(cache=True)
+def _group_tiled4(w, xq, xd, bsums, out, t0, col):
+    """8 rows (packed Q6_K group w) x tokens t0..t0+3 of a call with >= 8 tokens -> out[t, col:col+8],
+    the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
+    a0 = a1 = a2 = a3 = zeros_f32x8()
+    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
+    u0, u1, u2, u3 = bsums[t0], bsums[t0 + 1], bsums[t0 + 2], bsums[t0 + 3]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        s0 = s1 = s2 = s3 = zeros_i32x8()
+        for half in range(2):
+            e0, e1, e2, e3 = _scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), \
+                _scales(w, base, 6 + half)
+            e4, e5, e6, e7 = _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half), \
+                _scales(w, base, 14 + half)
+            for lane in range(4 * half, 4 * half + 4):
+                at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
+                p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e0, e1, e2, e3)
+                q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e4, e5, e6, e7)
+                s0 = add(s0, sub_int(add(p0, q0), _offset(w, base, u0, b, 2 * lane)))
+                s1 = add(s1, sub_int(add(p1, q1), _offset(w, base, u1, b, 2 * lane)))
+                s2 = add(s2, sub_int(add(p2, q2), _offset(w, base, u2, b, 2 * lane)))
+                s3 = add(s3, sub_int(add(p3, q3), _offset(w, base, u3, b, 2 * lane)))
+        d = load_halves_as_f32(w, base)
+        a0 = fma(mul(to_f32(s0), d), splat_f32(xd[t0, b]), a0)
+        a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t0 + 1, b]), a1)
+        a2 = fma(mul(to_f32(s2), d), splat_f32(xd[t0 + 2, b]), a2)
+        a3 = fma(mul(to_f32(s3), d), splat_f32(xd[t0 + 3, b]), a3)
+    store_f32x8(out[t0], col, a0)
+    store_f32x8(out[t0 + 1], col, a1)
+    store_f32x8(out[t0 + 2], col, a2)
+    store_f32x8(out[t0 + 3], col, a3)
+
+
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     xq, xd, bsums = acts
-    tiled = xd.shape[0] >= TILED_MIN_TOKENS
+    num_tokens = xd.shape[0]
+    tiled = num_tokens >= TILED_MIN_TOKENS
+    full_tiles = num_tokens // 4 * 4 if tiled else 0
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for t in range(xd.shape[0]):
+        for t0 in range(0, full_tiles, 4):
+            _group_tiled4(packed[i], xq, xd, bsums, out, t0, col)
+        for t in range(full_tiles, num_tokens):
             if tiled:
                 _group_tiled(packed[i], xq, xd, bsums, out, t, col)
             else:
