@@ -1,16 +1,21 @@
 """Write llama.cpp reference fixtures for the tokenizer and for greedy decoding.
 
-Run with a Python that has llama-cpp-python built from source (not the project venv):
+Run with a Python that has llama-cpp-python built from source (not the project venv), in a
+clean environment (importing edge_slm_node sets OMP_WAIT_POLICY, which slows llama.cpp), and
+the gguf package (with pyyaml) on the path, e.g.:
 
-    /work/refvenv/bin/python bench/make_reference_fixtures.py [--model PATH] [--speed-only]
+    env -i PATH=/usr/bin:/bin HOME=$HOME PYTHONPATH=<dir with gguf, yaml> \
+        /work/refvenv/bin/python bench/make_reference_fixtures.py [--model PATH [--name NAME]] [--speed-only]
 
-Outputs (the tests read only these files, never this script):
+Outputs (the tests read only these files, never this script), for the default model (SmolLM2):
     test/fixtures/llama_cpp_tokens.json  llama.cpp's ids for held-out strings (special=True,
         add_bos=False) with the GGUF's vocabulary under several pre-tokenizer names, the
         detokenized text, the EOG ids and a hash of every token piece.
     test/fixtures/llama_cpp_greedy.json  prompts, 48 greedy continuation ids (argmax of the
         raw logits after each llama_decode; no sampler, no stop on EOS) and the top-5 logits
         at every generated position.
+With --model, the same for that GGUF as llama_cpp_tokens_NAME.json and llama_cpp_greedy_NAME.json
+(NAME from --name, else the file name without .gguf).
 It also prints llama.cpp prefill and decode speed with 2 threads (reference, not a test).
 """
 from __future__ import annotations
@@ -206,10 +211,13 @@ def make_tokens_fixture(model: Path, provenance: dict) -> dict:
             ids_by_pre[pre] = [tokenize(llm, text) for text in HELD_OUT_STRINGS]
             llm.close()
     llm = llama_cpp.Llama(str(model), vocab_only=True, verbose=False)
-    assert [tokenize(llm, text) for text in HELD_OUT_STRINGS] == ids_by_pre["smollm"]
+    own_pre = llm.metadata.get("tokenizer.ggml.pre", "default")
+    own_ids = [tokenize(llm, text) for text in HELD_OUT_STRINGS]
+    if own_pre in ids_by_pre:
+        assert own_ids == ids_by_pre[own_pre]
     detokenized = [
         b"".join(token_piece(llm._model.vocab, i) for i in ids).decode("utf-8", "replace")
-        for ids in ids_by_pre["smollm"]
+        for ids in own_ids
     ]
     facts = vocab_facts(llm)
     llm.close()
@@ -219,6 +227,7 @@ def make_tokens_fixture(model: Path, provenance: dict) -> dict:
                 "(metadata-only copies of the GGUF with only that key changed); detokenized: "
                 "concatenated llama_token_to_piece(special=True), invalid UTF-8 replaced",
         "strings": HELD_OUT_STRINGS,
+        "gguf_pre_tokenizer": own_pre,
         "ids": ids_by_pre,
         "detokenized": detokenized,
         "vocab": facts,
@@ -273,6 +282,7 @@ def make_greedy_fixture(model: Path, provenance: dict, eog_ids: set[int]) -> dic
     return {
         "provenance": provenance,
         "settings": {"n_threads": N_THREADS, "n_ctx": N_CTX, "n_generate": N_GENERATE, "temperature": 0,
+                     "flash_attn": False, "n_batch": llm.n_batch if hasattr(llm, "n_batch") else 512,
                      "top_k": 1, "repeat_penalty": 1.0, "stop_on_eos": False, "add_bos": add_bos,
                      "method": "Llama.eval(prompt_ids) then argmax(llama_get_logits_ith(ctx, -1)) and "
                                "Llama.eval([token]) 48 times; top5 holds the 5 largest raw logits at "
@@ -307,9 +317,15 @@ def measure_speed(model: Path, runs: int = 5, prompt_tokens: int = 250, decode_t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--name", default=None, help="fixture file suffix for --model (default: its file name)")
     parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--out-dir", type=Path, default=FIXTURES, help="where to write (default test/fixtures)")
     args = parser.parse_args()
     model = args.model or find_model()
+    suffix = "" if args.model is None else "_" + (args.name or model.name.removesuffix(".gguf"))
+    tokens_path = args.out_dir / f"llama_cpp_tokens{suffix}.json"
+    greedy_path = args.out_dir / f"llama_cpp_greedy{suffix}.json"
     llama_cpp.llama_backend_init()
     if not args.speed_only:
         system_info = llama_cpp.llama_print_system_info().decode()
@@ -324,16 +340,17 @@ def main() -> None:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(),
             "machine": platform.machine(),
+            "gguf_py": f"{gguf.__version__ if hasattr(gguf, '__version__') else 'unknown'} ({Path(gguf.__file__).parent})",
         }
-        FIXTURES.mkdir(parents=True, exist_ok=True)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         tokens_fixture = make_tokens_fixture(model, provenance)
-        (FIXTURES / "llama_cpp_tokens.json").write_text(
-            json.dumps(tokens_fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        tokens_path.write_text(json.dumps(tokens_fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         eog_ids = set(tokens_fixture["vocab"]["eog_ids"])
         greedy_fixture = make_greedy_fixture(model, provenance, eog_ids)
-        (FIXTURES / "llama_cpp_greedy.json").write_text(
-            json.dumps(greedy_fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-        print(f"wrote {FIXTURES / 'llama_cpp_tokens.json'} and {FIXTURES / 'llama_cpp_greedy.json'}")
+        greedy_path.write_text(json.dumps(greedy_fixture, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {tokens_path} and {greedy_path}")
+    if args.skip_speed:
+        return
     speed = measure_speed(model)
     print(f"llama.cpp {llama_cpp.__version__}, {N_THREADS} threads, median of {speed['runs']} runs: "
           f"prefill {speed['prefill_tokens_per_s']:.1f} tokens/s ({speed['prompt_tokens']}-token prompt), "

@@ -37,8 +37,9 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd, vec8
-from .attention_math import (DECODE_LANES, PREFETCH_SPANS, PROMPT_LANES, SPAN, hsum_rows, load_span,
-                             prefetch_rows, reduce_32, reduce_rows, scores_64, scores_any, weighted_rows)
+from .attention_math import (DECODE_LANES, PREFETCH_SPANS, PROMPT_LANES, SPAN, WIDE_DECODE_LANES, WIDE_PROMPT_LANES,
+                             hsum_rows, load_span, prefetch_rows, reduce_16, reduce_16_rows, reduce_32, reduce_64,
+                             reduce_64_rows, reduce_rows, scores_64, scores_64_wide, scores_any, weighted_rows)
 from .half import round_to_half
 
 PROMPT_CHUNK = 8          # queries per item in the prompt order (8 lanes of accumulators each)
@@ -51,36 +52,42 @@ _MULTI_THREADED = numba.config.NUMBA_NUM_THREADS > 1
 @njit(cache=True)
 def _work_size(group, head_dim, max_context):
     """Float32 scratch one item needs (see _attend_body) for contexts up to max_context."""
-    width = (max_context + 7) // 8 * 8
+    width = (max_context + 15) // 16 * 16
     chunk = max(PROMPT_CHUNK, DECODE_CHUNK)
-    return chunk * group * (head_dim + width) + PROMPT_CHUNK * PROMPT_LANES * group * head_dim \
-        + SPAN * head_dim + head_dim
+    return chunk * group * (head_dim + width) + PROMPT_CHUNK * WIDE_PROMPT_LANES * group * head_dim \
+        + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)
 
 
 @njit(cache=True)
-def _attend(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out, work):
+def _attend(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out, work,
+            avx512):
     """Queries first_token..+count (one sequence, one order) x one kv_head -> out; q rounded in place.
-    work: float32 scratch of _work_size elements."""
+    work: float32 scratch of _work_size elements; avx512: the AVX-512 build's orders."""
     if q.shape[2] == 64:             # a literal: the inlined copy has constant offsets
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
-                     work, 64)
+                     work, 64, avx512)
     else:
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
-                     work, q.shape[2])
+                     work, q.shape[2], avx512)
 
 
 @njit(cache=True, inline="always")
 def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
-                 work, head_dim):
+                 work, head_dim, avx512):
     group = q.shape[1] // k_cache.shape[2]
-    qk_prompt = prompt and head_dim % PROMPT_LANES == 0
+    prompt_lanes = WIDE_PROMPT_LANES if avx512 else PROMPT_LANES
+    qk_prompt = prompt and head_dim % prompt_lanes == 0
     pv_prompt = prompt and head_dim % 4 == 0
-    num_lanes = PROMPT_LANES if pv_prompt else DECODE_LANES
+    if avx512:
+        num_lanes = WIDE_PROMPT_LANES if pv_prompt else WIDE_DECODE_LANES
+    else:
+        num_lanes = PROMPT_LANES if pv_prompt else DECODE_LANES
+    group_width = 16 if avx512 else 8           # softmax: positions per vector exp / partial sum
     vector_end = head_dim // 8 * 8
     max_context = 0
     for m in range(count):
         max_context = max(max_context, token_context[first_token + m])
-    width = (max_context + 7) // 8 * 8
+    width = (max_context + 15) // 16 * 16
     # scratch, flat: queries (count, group, head_dim), scores (count, group, width),
     # acc (count, group, num_lanes, head_dim), span (SPAN, head_dim)
     end = count * group * head_dim
@@ -90,7 +97,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     acc = work[end:end + count * group * num_lanes * head_dim]
     end += count * group * num_lanes * head_dim
     span = work[end:end + SPAN * head_dim]
-    result = work[end + SPAN * head_dim:end + SPAN * head_dim + head_dim]
+    result = work[end + SPAN * head_dim:end + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)]
     for i in range(0, acc.shape[0] // 8 * 8, 8):
         simd.store_f32x8(acc, i, simd.zeros_f32x8())
     for i in range(acc.shape[0] // 8 * 8, acc.shape[0]):
@@ -126,11 +133,13 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
             for g in range(group):
                 at_q = (m * group + g) * head_dim
                 at_s = (m * group + g) * width + start
-                if head_dim == 64:
+                if head_dim == 64 and avx512:
+                    scores_64_wide(span, n, queries, at_q, qk_prompt, scale, scores, at_s)
+                elif head_dim == 64:
                     scores_64(span, n, queries, at_q, qk_prompt, scale, scores, at_s)
                 else:
-                    scores_any(span, n, head_dim, queries, at_q, qk_prompt, scale, scores, at_s)
-    # softmax: vector exp, float32 sums of 8 aligned positions accumulated in float64
+                    scores_any(span, n, head_dim, queries, at_q, qk_prompt, scale, scores, at_s, avx512)
+    # softmax: vector exp, float32 sums of 8 (avx512: 16) aligned positions accumulated in float64
     for m in range(count):
         context = token_context[first_token + m]
         full = context // 8 * 8
@@ -146,14 +155,23 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                 peak = max(peak, scores[at + p])
             top = simd.splat_f32(peak)
             total = 0.0
-            for s in range(0, full, 8):
-                e = vec8.exp(vec8.sub(simd.load_f32x8(scores, at + s), top))
-                simd.store_f32x8(scores, at + s, e)
-                total += np.float64(vec8.hsum(e))
-            if full < context:                   # last group: positions past the context are 0
-                e = vec8.keep_first(vec8.exp(vec8.sub(simd.load_f32x8(scores, at + full), top)), context - full)
-                simd.store_f32x8(scores, at + full, e)
-                total += np.float64(vec8.hsum(e))
+            if avx512:                           # positions past the context are 0 (masked)
+                for s in range(0, context, 16):
+                    low = vec8.keep_first(vec8.exp_wide(vec8.sub(simd.load_f32x8(scores, at + s), top)), context - s)
+                    high = vec8.keep_first(vec8.exp_wide(vec8.sub(simd.load_f32x8(scores, at + s + 8), top)),
+                                           context - s - 8)
+                    simd.store_f32x8(scores, at + s, low)
+                    simd.store_f32x8(scores, at + s + 8, high)
+                    total += np.float64(vec8.hsum(simd.add(high, low)))
+            else:
+                for s in range(0, full, 8):
+                    e = vec8.exp(vec8.sub(simd.load_f32x8(scores, at + s), top))
+                    simd.store_f32x8(scores, at + s, e)
+                    total += np.float64(vec8.hsum(e))
+                if full < context:               # last group: positions past the context are 0
+                    e = vec8.keep_first(vec8.exp(vec8.sub(simd.load_f32x8(scores, at + full), top)), context - full)
+                    simd.store_f32x8(scores, at + full, e)
+                    total += np.float64(vec8.hsum(e))
             inverse = simd.splat_f32(np.float32(1.0 / total))
             for s in range(0, context, 8):
                 simd.store_f32x8(scores, at + s, vec8.round_half(simd.mul(simd.load_f32x8(scores, at + s), inverse)))
@@ -176,11 +194,23 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
         for g in range(group):
             at = (m * group + g) * num_lanes * head_dim
             for d in range(0, vector_end, 8):
-                if pv_prompt:
+                if pv_prompt and avx512:
+                    simd.store_f32x8(result, d, reduce_16_rows(acc, at + d, head_dim))
+                elif avx512:
+                    simd.store_f32x8(result, d, reduce_64_rows(acc, at + d, head_dim))
+                elif pv_prompt:
                     simd.store_f32x8(result, d, hsum_rows(acc, at + d, head_dim))
                 else:
                     simd.store_f32x8(result, d, reduce_rows(acc, at + d, head_dim))
+            h = kv_head * group + g
+            for d in range(0, vector_end):
+                out[t, h, d] = result[d]
             for d in range(vector_end, head_dim):
+                if avx512:                       # result (>= 64 floats) as lane scratch
+                    for lane in range(num_lanes):
+                        result[lane] = acc[at + d + lane * head_dim]
+                    out[t, h, d] = reduce_16(result, 0) if pv_prompt else reduce_64(result, 0)
+                    continue
                 if pv_prompt:
                     lanes = acc[at + d:at + d + 8 * head_dim:head_dim]
                     a0 = lanes[4] + lanes[0]
@@ -190,8 +220,6 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                     result[d] = (a0 + a2) + (a1 + a3)
                 else:
                     result[d] = reduce_32(acc[at + d:at + d + 32 * head_dim:head_dim], 0)
-            h = kv_head * group + g
-            for d in range(head_dim):
                 out[t, h, d] = result[d]
 
 
@@ -244,17 +272,18 @@ def _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables,
 
 @njit(cache=True, inline="always")
 def _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-              prompt_order, scale, out, work):
+              prompt_order, scale, out, work, avx512):
     if i + 1 < num_items:           # the next item's KV loads while this one computes
         _prefetch_item(i + 1, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
     c, kv_head = _item(i, num_items, k_cache.shape[2])
     first = firsts[c]
     _attend(q, k_cache, v_cache, block_tables[token_seq[first]], first, counts[c], token_context, kv_head,
-            prompt_order[first] != 0, scale, out, work)
+            prompt_order[first] != 0, scale, out, work, avx512)
 
 
 @njit(cache=True, nogil=True)
-def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work):
+def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work,
+                           avx512=False):
     """paged_attention on the calling thread only (uses work[0])."""
     firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
@@ -263,11 +292,12 @@ def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_c
     _prefetch_item(0, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
     for i in range(num_items):
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-                  prompt_order, scale, out, work[0])
+                  prompt_order, scale, out, work[0], avx512)
 
 
 @njit(parallel=True, cache=True)
-def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work):
+def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work,
+                             avx512=False):
     """paged_attention with its work items on numba's thread pool (work row per thread)."""
     firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
@@ -277,7 +307,7 @@ def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token
         # which items a thread gets is up to the scheduler: each item also prefetches its own rows
         _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-                  prompt_order, scale, out, work[numba.get_thread_id()])
+                  prompt_order, scale, out, work[numba.get_thread_id()], avx512)
 
 
 def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: int, allocate=None) -> np.ndarray:
@@ -298,12 +328,13 @@ def check_work(work: np.ndarray, num_heads: int, kv_heads: int, head_dim: int, c
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out,
-                    work=None, parallel=None):
+                    work=None, parallel=None, avx512=False):
     """q (T, heads, head_dim) f32; token t attends to positions [0, token_context[t]) of sequence
     token_seq[t] via block_tables (S, max_blocks), in prompt order if prompt_order[t] (T,) is nonzero
     -> out (T, heads, head_dim) f32. q is rounded to fp16 in place.
     work: attention_work(...) for at least max(token_context) (allocated per call if None).
     parallel: None = thread pool only when the call is big enough to repay waking it, or force True/False.
+    avx512: the summation orders and exp of llama.cpp's AVX-512 build (else of its AVX2 build).
     """
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
@@ -316,4 +347,4 @@ def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context,
     if parallel is None:
         parallel = _MULTI_THREADED and num_tokens * num_heads * head_dim * 2 * context >= PARALLEL_MIN_MACS
     kernel = paged_attention_parallel if parallel else paged_attention_serial
-    kernel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work)
+    kernel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work, avx512)

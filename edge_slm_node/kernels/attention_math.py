@@ -10,6 +10,9 @@ from .ops import hsum8
 
 DECODE_LANES = 32
 PROMPT_LANES = 8
+# llama.cpp's AVX-512 build: ggml_vec_dot_f16 keeps 4 vectors x 16 lanes, tinyBLAS 16 lanes.
+WIDE_DECODE_LANES = 64
+WIDE_PROMPT_LANES = 16
 # An item walks the context in spans of SPAN positions (a multiple of 32, so a position's
 # accumulator lane is the same counted from the span start): the span's K (then V) rows are
 # converted to float32 once and used by every query head of the group and every query.
@@ -33,26 +36,52 @@ def reduce_32(lanes, at):
 
 
 @njit(cache=True, inline="always")
-def dot_f16(a, b, prompt_order, lanes):
+def reduce_16(lanes, at):
+    """Sum of lanes[at:at+16] as _mm512_reduce_add_ps: hsum_float_8 of (lanes 8..15 + lanes 0..7)."""
+    a0 = lanes[at + 8] + lanes[at]
+    a1 = lanes[at + 9] + lanes[at + 1]
+    a2 = lanes[at + 10] + lanes[at + 2]
+    a3 = lanes[at + 11] + lanes[at + 3]
+    a4 = lanes[at + 12] + lanes[at + 4]
+    a5 = lanes[at + 13] + lanes[at + 5]
+    a6 = lanes[at + 14] + lanes[at + 6]
+    a7 = lanes[at + 15] + lanes[at + 7]
+    return ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3))
+
+
+@njit(cache=True, inline="always")
+def reduce_64(lanes, at):
+    """Sum of lanes[at:at+64] in the AVX-512 ggml_vec_dot_f16's order (lane 16*j + i = vector j,
+    element i): (v0 + v2) + (v1 + v3) element-wise, then reduce_16. lanes[at:at+16] is overwritten."""
+    for i in range(16):
+        lanes[at + i] = (lanes[at + i] + lanes[at + 32 + i]) + (lanes[at + 16 + i] + lanes[at + 48 + i])
+    return reduce_16(lanes, at)
+
+
+@njit(cache=True, inline="always")
+def dot_f16(a, b, prompt_order, lanes, avx512=False):
     """a . b for fp16-valued float32 vectors of one length, in llama.cpp's order; lanes: 32 f32 scratch.
-    (Scalar statement of the two orders; the kernels use the vector forms `dot_prompt`/`dot_decode`.)"""
+    (Scalar statement of the orders; the kernels use the vector forms `dot_prompt`/`dot_decode`.)
+    avx512: the AVX-512 build's orders (16 and 64 lanes, reduce_16 / reduce_64; lanes: 64 f32)."""
     n = a.shape[0]
+    prompt_lanes = WIDE_PROMPT_LANES if avx512 else PROMPT_LANES
+    decode_lanes = WIDE_DECODE_LANES if avx512 else DECODE_LANES
     if prompt_order:
-        for i in range(PROMPT_LANES):
+        for i in range(prompt_lanes):
             lanes[i] = a[i] * b[i]
-        for s in range(PROMPT_LANES, n, PROMPT_LANES):
-            for i in range(PROMPT_LANES):
+        for s in range(prompt_lanes, n, prompt_lanes):
+            for i in range(prompt_lanes):
                 lanes[i] += a[s + i] * b[s + i]
-        return hsum8(lanes, 0)
-    vector_end = n // DECODE_LANES * DECODE_LANES
+        return reduce_16(lanes, 0) if avx512 else hsum8(lanes, 0)
+    vector_end = n // decode_lanes * decode_lanes
     total = 0.0
     if vector_end > 0:
-        for i in range(DECODE_LANES):
+        for i in range(decode_lanes):
             lanes[i] = a[i] * b[i]
-        for s in range(DECODE_LANES, vector_end, DECODE_LANES):
-            for i in range(DECODE_LANES):
+        for s in range(decode_lanes, vector_end, decode_lanes):
+            for i in range(decode_lanes):
                 lanes[i] += a[s + i] * b[s + i]
-        total = np.float64(reduce_32(lanes, 0))
+        total = np.float64(reduce_64(lanes, 0) if avx512 else reduce_32(lanes, 0))
     for i in range(vector_end, n):                  # ggml adds the rest in float64
         total += np.float64(a[i] * b[i])
     return np.float32(total)
@@ -89,6 +118,52 @@ def dot_decode(k, at_k, q, at_q, n):
 
 
 @njit(cache=True, inline="always")
+def dot_prompt_wide(k, at_k, q, at_q, n):
+    """dot_prompt in the AVX-512 tinyBLAS order: n a multiple of 16, 16 lanes (two F32x8), reduce_16."""
+    low = simd.mul(simd.load_f32x8(k, at_k), simd.load_f32x8(q, at_q))
+    high = simd.mul(simd.load_f32x8(k, at_k + 8), simd.load_f32x8(q, at_q + 8))
+    for s in range(16, n, 16):
+        low = simd.add(low, simd.mul(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s)))
+        high = simd.add(high, simd.mul(simd.load_f32x8(k, at_k + s + 8), simd.load_f32x8(q, at_q + s + 8)))
+    return vec8.hsum(simd.add(high, low))
+
+
+@njit(cache=True, inline="always")
+def _products(k, at_k, q, at_q, s):
+    return simd.mul(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s))
+
+
+@njit(cache=True, inline="always")
+def dot_decode_wide(k, at_k, q, at_q, n):
+    """dot_decode in the AVX-512 ggml_vec_dot_f16's order (64 lanes as 8 F32x8: chunk c of each 64
+    elements is half c % 2 of vector c // 2; reduce_64; the rest in float64)."""
+    vector_end = n // WIDE_DECODE_LANES * WIDE_DECODE_LANES
+    total = 0.0
+    if vector_end > 0:
+        c0, c1, c2, c3 = _products(k, at_k, q, at_q, 0), _products(k, at_k, q, at_q, 8), \
+            _products(k, at_k, q, at_q, 16), _products(k, at_k, q, at_q, 24)
+        c4, c5, c6, c7 = _products(k, at_k, q, at_q, 32), _products(k, at_k, q, at_q, 40), \
+            _products(k, at_k, q, at_q, 48), _products(k, at_k, q, at_q, 56)
+        for s in range(64, vector_end, 64):
+            c0, c1 = simd.add(c0, _products(k, at_k, q, at_q, s)), simd.add(c1, _products(k, at_k, q, at_q, s + 8))
+            c2, c3 = simd.add(c2, _products(k, at_k, q, at_q, s + 16)), simd.add(c3, _products(k, at_k, q, at_q, s + 24))
+            c4, c5 = simd.add(c4, _products(k, at_k, q, at_q, s + 32)), simd.add(c5, _products(k, at_k, q, at_q, s + 40))
+            c6, c7 = simd.add(c6, _products(k, at_k, q, at_q, s + 48)), simd.add(c7, _products(k, at_k, q, at_q, s + 56))
+        total = np.float64(reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7))
+    for i in range(vector_end, n):
+        total += np.float64(k[at_k + i] * q[at_q + i])
+    return np.float32(total)
+
+
+@njit(cache=True, inline="always")
+def reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7):
+    """reduce_64 of 64 lanes held as 8 F32x8 (c0, c1 = vector 0's low and high halves, ...)."""
+    low = simd.add(simd.add(c0, c4), simd.add(c2, c6))
+    high = simd.add(simd.add(c1, c5), simd.add(c3, c7))
+    return vec8.hsum(simd.add(high, low))
+
+
+@njit(cache=True, inline="always")
 def hsum_rows(acc, at, step):
     """hsum8 across 8 rows acc.flat[at + r*step : +8] (r = lane), for 8 output elements at once."""
     a0 = simd.add(simd.load_f32x8(acc, at + 4 * step), simd.load_f32x8(acc, at))
@@ -118,6 +193,36 @@ def reduce_rows(acc, at, step):
     v7 = reduce_column(acc, at, step, 7)
     t0, t1, t2, t3 = simd.add(v4, v0), simd.add(v5, v1), simd.add(v6, v2), simd.add(v7, v3)
     return simd.add(simd.add(t0, t1), simd.add(t2, t3))
+
+
+@njit(cache=True, inline="always")
+def _row(acc, at, step, r):
+    return simd.load_f32x8(acc, at + r * step)
+
+
+@njit(cache=True, inline="always")
+def reduce_16_rows(acc, at, step):
+    """reduce_16 across 16 rows acc.flat[at + r*step : +8], for 8 output elements at once."""
+    a0 = simd.add(_row(acc, at, step, 8), _row(acc, at, step, 0))
+    a1 = simd.add(_row(acc, at, step, 9), _row(acc, at, step, 1))
+    a2 = simd.add(_row(acc, at, step, 10), _row(acc, at, step, 2))
+    a3 = simd.add(_row(acc, at, step, 11), _row(acc, at, step, 3))
+    a4 = simd.add(_row(acc, at, step, 12), _row(acc, at, step, 4))
+    a5 = simd.add(_row(acc, at, step, 13), _row(acc, at, step, 5))
+    a6 = simd.add(_row(acc, at, step, 14), _row(acc, at, step, 6))
+    a7 = simd.add(_row(acc, at, step, 15), _row(acc, at, step, 7))
+    return simd.add(simd.add(simd.add(a4, a0), simd.add(a6, a2)), simd.add(simd.add(a5, a1), simd.add(a7, a3)))
+
+
+@njit(cache=True, inline="always")
+def reduce_64_rows(acc, at, step):
+    """reduce_64 across 64 rows acc.flat[at + r*step : +8], for 8 output elements at once; rows
+    0..15 are overwritten with the element-wise (v0 + v2) + (v1 + v3)."""
+    for i in range(16):
+        v = simd.add(simd.add(_row(acc, at, step, i), _row(acc, at, step, 32 + i)),
+                     simd.add(_row(acc, at, step, 16 + i), _row(acc, at, step, 48 + i)))
+        simd.store_f32x8(acc, at + i * step, v)
+    return reduce_16_rows(acc, at, step)
 
 
 # ----------------------------------------------------------------------------- KV spans
@@ -191,11 +296,36 @@ def scores_64(span, n, queries, at_q, prompt, scale, scores, at_s):
 
 
 @njit(cache=True, inline="always")
-def scores_any(span, n, head_dim, queries, at_q, prompt, scale, scores, at_s):
-    """Any head_dim (prompt: a multiple of 8)."""
+def scores_64_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
+    """scores_64 in the AVX-512 build's orders (prompt: 16 lanes, 4 steps; decode: 64 lanes, one step)."""
+    q0, q1, q2, q3 = simd.load_f32x8(queries, at_q), simd.load_f32x8(queries, at_q + 8), simd.load_f32x8(queries, at_q + 16), simd.load_f32x8(queries, at_q + 24)
+    q4, q5, q6, q7 = simd.load_f32x8(queries, at_q + 32), simd.load_f32x8(queries, at_q + 40), simd.load_f32x8(queries, at_q + 48), \
+        simd.load_f32x8(queries, at_q + 56)
+    for o in range(n):
+        at = o * 64
+        p0, p1 = simd.mul(simd.load_f32x8(span, at), q0), simd.mul(simd.load_f32x8(span, at + 8), q1)
+        p2, p3 = simd.mul(simd.load_f32x8(span, at + 16), q2), simd.mul(simd.load_f32x8(span, at + 24), q3)
+        p4, p5 = simd.mul(simd.load_f32x8(span, at + 32), q4), simd.mul(simd.load_f32x8(span, at + 40), q5)
+        p6, p7 = simd.mul(simd.load_f32x8(span, at + 48), q6), simd.mul(simd.load_f32x8(span, at + 56), q7)
+        if prompt:
+            low = simd.add(simd.add(simd.add(p0, p2), p4), p6)
+            high = simd.add(simd.add(simd.add(p1, p3), p5), p7)
+            scores[at_s + o] = vec8.hsum(simd.add(high, low)) * scale
+        else:
+            scores[at_s + o] = reduce_64_vectors(p0, p1, p2, p3, p4, p5, p6, p7) * scale
+
+
+@njit(cache=True, inline="always")
+def scores_any(span, n, head_dim, queries, at_q, prompt, scale, scores, at_s, avx512=False):
+    """Any head_dim (prompt: a multiple of 8, of 16 with avx512)."""
     for o in range(n):
         if prompt:
-            s = dot_prompt(span, o * head_dim, queries, at_q, head_dim)
+            if avx512:
+                s = dot_prompt_wide(span, o * head_dim, queries, at_q, head_dim)
+            else:
+                s = dot_prompt(span, o * head_dim, queries, at_q, head_dim)
+        elif avx512:
+            s = dot_decode_wide(span, o * head_dim, queries, at_q, head_dim)
         else:
             s = dot_decode(span, o * head_dim, queries, at_q, head_dim)
         scores[at_s + o] = s * scale

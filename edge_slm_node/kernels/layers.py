@@ -15,8 +15,14 @@ namedtuples built once by model/transformer.py:
   acts     Activations: (T, ·) C-contiguous views for this batch's T tokens
   inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
   batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
-           token_context, prompt_order (T,)
-  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch
+           token_context, prompt_order (T,), output_rows (R,): the rows whose logits are wanted.
+           When R < T the last layer's feed-forward runs on those rows only, as llama.cpp's
+           graph does (inp_out_ids): they end up in hidden[:R], in that order, and the other
+           rows of hidden are left unfinished. (The K-quant kernels' order depends on the
+           number of rows, so this is also what keeps the logits equal to llama.cpp's.)
+  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch, avx512
+           (attention and SwiGLU in the summation orders and exp of llama.cpp's AVX-512 build,
+           else of its AVX2 build; the matmuls are the same in both)
 """
 import warnings
 from collections import namedtuple
@@ -72,9 +78,19 @@ LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_b
                                          "part_ends", "qkv_fused", "gate_up_fused"])
 Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "attn", "proj", "gate", "up", "empty"])
 BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
-                                         "prompt_order"])
+                                         "prompt_order", "output_rows"])
 LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", "num_heads", "num_kv_heads",
-                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits"])
+                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits",
+                                         "avx512"])
+
+
+@njit(cache=True, inline="always")
+def _gather_rows(x, rows, scratch):
+    """x[:len(rows)] = x[rows] (any order, repeats allowed), through scratch (>= len(rows) rows)."""
+    for i in range(rows.shape[0]):
+        scratch[i, :] = x[rows[i]]
+    for i in range(rows.shape[0]):
+        x[i, :] = scratch[i]
 
 
 @njit(cache=True, inline="always")
@@ -125,15 +141,22 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
         if attention_on_pool:
             paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                      batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
-                                     c.attention_work)
+                                     c.attention_work, c.avx512)
         else:
             paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work)
+                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work,
+                                   c.avx512)
         _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
         add_in_place(acts.hidden, acts.proj)
-        rms_norm(acts.hidden, layer.ffn_norm, c.eps, acts.normed)
-        _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, acts.normed, model_input, acts.gate, acts.up,
+        rows = num_tokens
+        if index == len(layers) - 1 and batch.output_rows.shape[0] < num_tokens:
+            rows = batch.output_rows.shape[0]
+            _gather_rows(acts.hidden, batch.output_rows, acts.proj)
+        hidden, normed, gate, up, proj = acts.hidden[:rows], acts.normed[:rows], acts.gate[:rows], acts.up[:rows], \
+            acts.proj[:rows]
+        rms_norm(hidden, layer.ffn_norm, c.eps, normed)
+        _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, normed, model_input, gate, up,
                empty, empty)
-        silu_mul(acts.gate, acts.up, acts.gate)
-        _matmul(layer, matmuls, kernel_of, index, DOWN, acts.gate, ffn_input, (acts.proj, empty, empty))
-        add_in_place(acts.hidden, acts.proj)
+        silu_mul(gate, up, gate, c.avx512)
+        _matmul(layer, matmuls, kernel_of, index, DOWN, gate, ffn_input, (proj, empty, empty))
+        add_in_place(hidden, proj)

@@ -99,6 +99,24 @@ def exp_f32(x):
 
 
 @njit(cache=True, inline="always")
+def exp_wide_f32(x):
+    """float32 exp exactly as one lane of ggml_v_expf in llama.cpp's AVX-512 build: the same
+    reduction as exp_f32, then j = fma(poly, u, fma(c4, b, 1)) scaled by 2^n exactly
+    (_mm512_scalef_ps, one rounding); |n| > 192 gives 0 or inf."""
+    z = fma_f32(x, _LOG2E, _ROUND)
+    n = z - _ROUND
+    b = fma_f32(-n, _LN2_LO, fma_f32(-n, _LN2_HI, x))
+    u = b * b
+    j = fma_f32(fma_f32(fma_f32(_C0, b, _C1), u, fma_f32(_C2, b, _C3)), u, fma_f32(_C4, b, F32(1.0)))
+    if abs(n) > F32(192.0):
+        return F32(0.0) if n <= F32(0.0) else F32(np.inf)
+    whole = np.int32(n)
+    half = whole >> np.int32(1)
+    rest = whole - half
+    return (j * bits_float((half + np.int32(127)) << np.int32(23))) * bits_float((rest + np.int32(127)) << np.int32(23))
+
+
+@njit(cache=True, inline="always")
 def hsum8(v, at):
     """Horizontal sum of the 8 floats v[at:at+8] in the order of llama.cpp's hsum_float_8."""
     a0 = v[at + 4] + v[at]
@@ -145,19 +163,20 @@ def add_bias(x, bias):
 
 
 @njit(cache=True, nogil=True)
-def silu_mul(gate, up, out):
+def silu_mul(gate, up, out, avx512=False):
     """gate, up (T, n) C-contiguous -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32).
 
-    Groups of 8 as its AVX2 loop, (g / (1 + exp(0 - g))) * up with the vector exp; a row's last
-    n % 8 values as its scalar tail, with libm's expf."""
+    Groups of 8 as its AVX2 loop (of 16 as its AVX-512 loop if avx512), (g / (1 + exp(0 - g))) * up
+    with that build's vector exp; a row's last n % 8 (n % 16) values as its scalar tail, with libm's expf."""
     num_tokens, n = gate.shape
-    vector_end = n // 8 * 8
+    vector_end = n // 16 * 16 if avx512 else n // 8 * 8
     one, zero = simd.splat_f32(np.float32(1.0)), simd.zeros_f32x8()
     for t in range(num_tokens):
         gate_row, up_row, out_row = gate[t], up[t], out[t]
         for i in range(0, vector_end, 8):
             g = simd.load_f32x8(gate_row, i)
-            silu = vec8.div(g, simd.add(one, vec8.exp(vec8.sub(zero, g))))
+            e = vec8.exp_wide(vec8.sub(zero, g)) if avx512 else vec8.exp(vec8.sub(zero, g))
+            silu = vec8.div(g, simd.add(one, e))
             simd.store_f32x8(out_row, i, simd.mul(silu, simd.load_f32x8(up_row, i)))
         for i in range(vector_end, n):
             g = gate[t, i]

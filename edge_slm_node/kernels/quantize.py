@@ -1,7 +1,9 @@
-"""Quantize activations to 8 bits per 32-value block, as llama.cpp does before quantized matmuls.
+"""Quantize activations to 8 bits, as llama.cpp does before quantized matmuls.
 
-Q8_0 is the partner of Q8_0 and Q4_0 weights, Q8_1 (which adds s = d * sum(q)) of Q4_1 weights.
-Scales are rounded through fp16 exactly as they are stored in ggml's block structs.
+Q8_0 (per 32 values: int8 q, fp16 d) is the partner of Q8_0, Q4_0 and Q5_0 weights, Q8_1 (which
+adds s = d * sum(q)) of Q4_1 and Q5_1 weights: scales rounded through fp16 exactly as they are
+stored in ggml's block structs. Q8_K (per 256 values: f32 d, int8 q, and the sum of every 16 q)
+is the partner of the K-quants (Q4_K, Q5_K, Q6_K).
 """
 import numpy as np
 from numba import njit
@@ -9,6 +11,8 @@ from numba import njit
 from .half import round_to_half
 
 QUANT_BLOCK = 32
+SUPER_BLOCK = 256     # Q8_K values per scale
+SUM_BLOCK = 16        # Q8_K values per bsum
 
 
 @njit(cache=True, nogil=True)
@@ -32,3 +36,38 @@ def quantize_rows_q8(x, xq, xd, xs):
                 total += q
             xd[t, b] = round_to_half(d)
             xs[t, b] = round_to_half(d * np.float32(total))
+
+
+@njit(cache=True, nogil=True)
+def quantize_rows_q8_k(x, xq, xd, bsums):
+    """x (T, K) f32 -> xq (T, K) int8, xd (T, K/256) f32, bsums (T, K/16) int32: ggml's
+    quantize_row_q8_K_ref (the x86 build uses it for every row): per 256 values, max = the first
+    value of largest |x|, iscale = -127/max, q = min(127, round-half-even(iscale * x)), d = 1/iscale
+    (d = 0 and q = 0 when all are zero), bsums[j] = sum of q[16j..16j+15]."""
+    num_rows, length = x.shape
+    for t in range(num_rows):
+        for b in range(length // SUPER_BLOCK):
+            start = b * SUPER_BLOCK
+            amax = np.float32(0.0)
+            largest = np.float32(0.0)
+            for j in range(SUPER_BLOCK):
+                a = abs(x[t, start + j])
+                if a > amax:
+                    amax = a
+                    largest = x[t, start + j]
+            if amax == 0:
+                xd[t, b] = 0
+                for j in range(SUPER_BLOCK):
+                    xq[t, start + j] = 0
+                for j in range(SUPER_BLOCK // SUM_BLOCK):
+                    bsums[t, b * (SUPER_BLOCK // SUM_BLOCK) + j] = 0
+                continue
+            iscale = np.float32(-127.0) / largest
+            for j in range(SUPER_BLOCK):
+                xq[t, start + j] = min(127, np.int32(np.rint(iscale * x[t, start + j])))
+            for j in range(SUPER_BLOCK // SUM_BLOCK):
+                total = np.int32(0)
+                for i in range(SUM_BLOCK):
+                    total += np.int32(xq[t, start + j * SUM_BLOCK + i])
+                bsums[t, b * (SUPER_BLOCK // SUM_BLOCK) + j] = total
+            xd[t, b] = np.float32(1.0) / iscale

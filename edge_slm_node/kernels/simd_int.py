@@ -4,10 +4,11 @@ code elsewhere). All sums are exact for the value ranges used: nibble (0..15) x 
 <= 2*15*128 in int16, int8 x int8 pairs in int32.
 Note: numba's cache does not notice edits to this file; setup.sh clears it when kernels/ changes.
 """
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .simd import (I8x32, I16x16, I32x8, _I32, _const, _has_features, _is_byte_row, _pair_sums, _pointer,
+from .simd import (I8x32, I16x16, I32x8, Vector, _I32, _const, _has_features, _is_byte_row, _pair_sums, _pointer,
                    _splat, _vec, _x86_call)
 
 
@@ -125,3 +126,150 @@ def broadcast_i16x2(typingctx, arr, index):
         word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=2)
         return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i16", 16))
     return I16x16(arr, index), codegen
+
+
+# ------------------------------------------- bit fields of the 5- and 6-bit and K-quant types
+
+def _is_int_vector(v) -> bool:
+    return isinstance(v, Vector) and v.kind in ("i8", "i16", "i32")
+
+
+def _splat_int(context, builder, value, value_type, vector):
+    """An integer scalar (any width) splatted to the element type of Vector `vector`."""
+    element = _vec(vector.kind, vector.count).element
+    scalar = context.cast(builder, value, value_type, types.int64)
+    scalar = builder.trunc(scalar, element) if element.width < 64 else scalar
+    return _splat(builder, scalar, _vec(vector.kind, vector.count))
+
+
+def _bitwise(op, doc):
+    @intrinsic
+    def fn(typingctx, a, b):
+        if not (_is_int_vector(a) and a == b):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], args[1])
+        return a(a, b), codegen
+    fn.__doc__ = doc
+    return fn
+
+
+bits_and = _bitwise("and_", "Lane-wise a & b of two integer vectors of one type.")
+bits_or = _bitwise("or_", "Lane-wise a | b of two integer vectors of one type.")
+sub_int = _bitwise("sub", "Lane-wise a - b of two integer vectors of one type (wrap-around).")
+mul_i32 = _bitwise("mul", "Lane-wise a * b of two integer vectors of one type (low bits; vpmulld for I32x8).")
+
+
+def _by_scalar(op, doc):
+    @intrinsic
+    def fn(typingctx, v, n):
+        if not (_is_int_vector(v) and isinstance(n, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            return getattr(builder, op)(args[0], _splat_int(context, builder, args[1], sig.args[1], sig.args[0]))
+        return v(v, n), codegen
+    fn.__doc__ = doc
+    return fn
+
+
+mask_bits = _by_scalar("and_", "v & n, n splatted to every lane.")
+shift_right = _by_scalar("lshr", "v >> n (logical: zeros shifted in), every lane by the same count.")
+shift_left = _by_scalar("shl", "v << n, every lane by the same count.")
+
+
+def _load_8_bytes(signed: bool, doc: str):
+    @intrinsic
+    def fn(typingctx, arr, index):
+        if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 8))
+            raw = builder.load(p, align=1)
+            return (builder.sext if signed else builder.zext)(raw, _vec("i32", 8))
+        return I32x8(arr, index), codegen
+    fn.__doc__ = doc
+    return fn
+
+
+load_u8x8_as_i32 = _load_8_bytes(False, "arr[index:index+8] unsigned bytes -> I32x8 (zero-extended).")
+load_i8x8_as_i32 = _load_8_bytes(True, "arr[index:index+8] signed bytes -> I32x8 (sign-extended).")
+
+
+@intrinsic
+def i16_pairs(typingctx, v):
+    """I32x8 (values within int16) -> I16x16 with lane i's value in elements 2i and 2i+1: the
+    per-row multiplier of dot_pairs_i16 for 8 rows' pair sums."""
+    if v != I32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        narrow = builder.trunc(args[0], _vec("i16", 8))
+        mask = ir.Constant(ir.VectorType(_I32, 16), [i // 2 for i in range(16)])
+        return builder.shuffle_vector(narrow, narrow, mask)
+    return I16x16(v), codegen
+
+
+@intrinsic
+def broadcast_i32(typingctx, arr, index):
+    """The int32 or int16 arr[index] (1-D array) sign-extended and repeated 8 times -> I32x8."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.dtype in (types.int16, types.int32)
+            and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        element = ir.IntType(sig.args[0].dtype.bitwidth)
+        value = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], element))
+        if element.width < 32:
+            value = builder.sext(value, _I32)
+        return _splat(builder, value, _vec("i32", 8))
+    return I32x8(arr, index), codegen
+
+
+shift_right_signed = _by_scalar("ashr", "v >> n (arithmetic: the sign shifted in), every lane by the same count.")
+
+
+def _dot4_fallback(builder, acc, unsigned, signed):
+    """acc + the 4-byte sums of unsigned * signed through pmaddubsw / pmaddwd semantics (exact
+    while a pair of products stays within int16)."""
+    wide = _vec("i16", 32)
+    products = builder.mul(builder.zext(unsigned, wide), builder.sext(signed, wide))
+    pairs = _pair_sums(builder, products, 16)
+    return builder.add(acc, _pair_sums(builder, builder.sext(pairs, _vec("i32", 16)), 8))
+
+
+def _vnni(context, builder, acc, unsigned, signed):
+    i32x8 = _vec("i32", 8)
+    return _x86_call(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
+                     [acc, builder.bitcast(unsigned, i32x8), builder.bitcast(signed, i32x8)])
+
+
+@intrinsic
+def dot4_acc(typingctx, acc, unsigned, signed):
+    """acc (I32x8) + per lane the sum of 4 products of unsigned bytes (<= 127) and signed bytes:
+    vpdpbusd where the CPU has AVX-VNNI / AVX512-VNNI, else pmaddubsw + pmaddwd (exact)."""
+    if acc != I32x8 or unsigned != I8x32 or signed != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl"):
+            return _vnni(context, builder, *args)
+        return _dot4_fallback(builder, *args)
+    return I32x8(acc, unsigned, signed), codegen
+
+
+@intrinsic
+def dot4_high_nibbles_acc(typingctx, acc, q, signed):
+    """acc (I32x8) + 16 * per lane the sum of 4 products of the high nibbles of q and signed bytes:
+    vpdpbusd on q & 0xF0 with VNNI (no shift needed), else (q >> 4) through pmaddubsw, times 16."""
+    if acc != I32x8 or q != I8x32 or signed != I8x32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl"):
+            return _vnni(context, builder, args[0], builder.and_(args[1], _const("i8", 32, 0xF0)), args[2])
+        sums = _dot4_fallback(builder, _const("i32", 8, 0), builder.lshr(args[1], _const("i8", 32, 4)), args[2])
+        return builder.add(args[0], builder.shl(sums, _const("i32", 8, 4)))
+    return I32x8(acc, q, signed), codegen

@@ -244,3 +244,37 @@ def exp(typingctx, v):
                                  builder.fmul(fma(s2, j, s2), s1))
         return builder.select(builder.fcmp_ordered(">", abs_n, _f32_const(126.0)), special, normal)
     return F32x8(v), codegen
+
+
+@intrinsic
+def exp_wide(typingctx, v):
+    """ops.exp_wide_f32 (ggml_v_expf of the AVX-512 build) on 8 lanes, its branches as selects."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        def fma(a, b, c):
+            return _x86_call(builder, "llvm.fma.v8f32", _V8F, [a, b, c])
+
+        def c(name):
+            return _f32_const(_EXP[name])
+        x = args[0]
+        z = fma(x, c("log2e"), c("round"))
+        n = builder.fsub(z, c("round"))
+        minus_n = builder.fneg(n)
+        b = fma(minus_n, c("ln2_lo"), fma(minus_n, c("ln2_hi"), x))
+        u = builder.fmul(b, b)
+        j = fma(fma(fma(c("c0"), b, c("c1")), u, fma(c("c2"), b, c("c3"))), u, fma(c("c4"), b, _f32_const(1.0)))
+        # scalef(j, n) = j * 2^n rounded once: 2^(n - n/2) and 2^(n/2) are normal for |n| <= 192,
+        # and j * 2^(n/2) is exact (j is near 1), so only the second product rounds.
+        whole = builder.fptosi(n, _V8I)
+        half = builder.ashr(whole, _splat_const(_V8I, 1))
+        rest = builder.sub(whole, half)
+        bias = _splat_const(_V8I, 127)
+        power = lambda e: builder.bitcast(builder.shl(builder.add(e, bias), _splat_const(_V8I, 23)), _V8F)
+        scaled = builder.fmul(builder.fmul(j, power(half)), power(rest))
+        abs_n = _x86_call(builder, "llvm.fabs.v8f32", _V8F, [n])
+        limit = builder.select(builder.fcmp_ordered("<=", n, _f32_const(0.0)), _f32_const(0.0),
+                               _f32_const(float("inf")))
+        return builder.select(builder.fcmp_ordered(">", abs_n, _f32_const(192.0)), limit, scaled)
+    return F32x8(v), codegen

@@ -16,7 +16,7 @@ from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts
                               matmul_table)
 from ..kernels.quants import Q8_0
 from ..kernels.quants.common import new_scratch
-from ..kernels.quants.q8_0 import embed_rows, gather_rows
+from ..kernels.quants.q8_0 import gather_rows
 from .buffers import GuardZones
 from .config import ModelConfig
 from .linear import FusedLinear
@@ -57,8 +57,11 @@ class Transformer:
     """Runs ModelWeights; owns every activation buffer (allocated once for max_batch_tokens)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, max_batch_tokens: int,
-                 max_context: int, max_logits_rows: int, guards: Optional[GuardZones] = None):
-        """guards: allocates the buffers (with guard zones when enabled)."""
+                 max_context: int, max_logits_rows: int, avx512: bool = False,
+                 guards: Optional[GuardZones] = None):
+        """avx512: attention and SwiGLU round as llama.cpp's AVX-512 build does (its native build
+        on a CPU with AVX-512), else as its AVX2 build; the matmuls are the same in both.
+        guards: allocates the buffers (with guard zones when enabled)."""
         guards = guards or GuardZones(False)
         self.config = config
         self.weights = weights
@@ -100,10 +103,12 @@ class Transformer:
         self.consts = LayerConsts(
             np.float32(c.rms_norm_eps), rope_cos, rope_sin, c.rope_neox, c.num_heads, c.num_kv_heads, c.head_dim,
             np.float32(1.0) / np.sqrt(np.float32(c.head_dim)),          # 1.0f/sqrtf(d) as llama.cpp
-            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16))
+            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16), bool(avx512))
         # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
         self.embedding_from_head = weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
+        # Otherwise the type's GGUF-layout row lookup (Q8_0, Q5_0, Q5_1, the K-quants), else NumPy.
+        self.embed_rows = getattr(weights.embedding_quant.kernels, "embed_rows", None)
 
     def resident_arrays(self) -> list:
         """Every array a forward pass reads or writes: weights and buffers (to lock them in RAM)."""
@@ -125,8 +130,8 @@ class Transformer:
         w = self.weights
         if self.embedding_from_head:
             gather_rows(w.output.packed, w.output.tail, token_ids, out)
-        elif w.embedding_quant is Q8_0:
-            embed_rows(w.embedding_raw, token_ids, out)
+        elif self.embed_rows is not None:
+            self.embed_rows(w.embedding_raw, token_ids, out)
         else:
             out[:] = w.embedding_quant.dequantize(w.embedding_raw[token_ids])
 
@@ -149,10 +154,13 @@ class Transformer:
         self.embed(batch.token_ids, acts.hidden)
         decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
                        BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
-                                   batch.token_context, prompt_order), self.consts, kv_arena, parallel)
+                                   batch.token_context, prompt_order, batch.logits_rows), self.consts, kv_arena,
+                       parallel)
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
-        ops.rms_norm(acts.hidden[batch.logits_rows], self.weights.output_norm, c.rms_norm_eps, final)
+        # fewer rows than tokens: the last layer finished only those, into hidden[:rows] (kernels/layers.py)
+        selected = acts.hidden[:rows] if rows < num_tokens else acts.hidden[batch.logits_rows]
+        ops.rms_norm(selected, self.weights.output_norm, c.rms_norm_eps, final)
         logits = self.logits[:rows]
         self.weights.output.apply(final, self.head_input, logits, parallel)
         return logits

@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from . import f16, f32, q4_0, q4_1, q8_0
+from . import f16, f32, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,11 @@ class QuantType:
 
 _ROWS = [QuantType(GGMLQuantizationType.F32, f32), QuantType(GGMLQuantizationType.F16, f16),
          QuantType(GGMLQuantizationType.Q4_0, q4_0), QuantType(GGMLQuantizationType.Q4_1, q4_1),
-         QuantType(GGMLQuantizationType.Q8_0, q8_0)]
+         QuantType(GGMLQuantizationType.Q8_0, q8_0), QuantType(GGMLQuantizationType.Q5_0, q5_0),
+         QuantType(GGMLQuantizationType.Q5_1, q5_1), QuantType(GGMLQuantizationType.Q4_K, q4_k),
+         QuantType(GGMLQuantizationType.Q5_K, q5_k), QuantType(GGMLQuantizationType.Q6_K, q6_k)]
 QUANT_TYPES: dict[int, QuantType] = {row.type_id: row for row in _ROWS}
-F32, F16, Q4_0, Q4_1, Q8_0 = _ROWS
+F32, F16, Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = _ROWS
 
 
 class UnsupportedQuantError(ValueError):

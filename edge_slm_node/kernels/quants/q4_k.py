@@ -1,0 +1,239 @@
+"""Q4_K: super-blocks of 256 weights in 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and
+mins for 8 sub-blocks of 32, 128 nibble bytes (byte 32j+i: weight 64j+i low, 64j+32+i high);
+w = d * sc_s * q - dmin * m_s.
+
+Packed layout (a group of 8 rows, per super-block, 1152 bytes; kernels/quants/kquants.py):
+d[8] f16 | dmin[8] f16 | the 12 scale bytes transposed (96 B) | 32 chunks (j, c) of 32 B, row r's
+nibble bytes 32j+4c..32j+4c+3 at 4r. Activations: Q8_K.
+llama.cpp's x86 build repacks Q4_K matrices (rows % 8 == 0) and runs ggml_gemv_q4_K_8x8_q8_K for
+single rows of activations and ggml_gemm_q4_K_8x8_q8_K for each 4 rows (a prompt's first
+T - T % 4 tokens; the rest go through the gemv). Both sum, per weight row, exact integers
+    S = sum over sub-blocks s of sc_s * (q . x)_s,   M = sum over s of m_s * bsum32_s
+into acc = fma(float(S), d * d_x, acc), accm = fma(float(M), dmin * d_x, accm) and return
+acc - accm; the gemv does it once per super-block, the gemm once per pair of sub-blocks
+(4 per super-block). The kernels here take the same split of tokens and the same order,
+so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same rule.
+"""
+import numpy as np
+from numba import njit
+
+from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
+                    zeros_i32x8)
+from ..simd_int import (broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, load_i8x32, low_nibbles, mul_i32,
+                        shift_right_signed)
+from ..vec8 import sub
+from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
+from .kquants import (SCRATCH_SLOTS, pair_sum, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k,
+                      scale_min, scale_min_rows, scales_and_mins)
+from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
+
+FUSABLE = True           # several matrices concatenated, one output per part
+TYPE_SIZE = 144
+GROUP_BLOCK_BYTES = 1152
+_SCALES, _CHUNKS = 32, 128     # offsets in a packed super-block
+
+
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+    """NumPy reference: GGUF blocks (n, 144) u8 -> (n, 256) f32."""
+    sc, m = scales_and_mins(blocks[:, 4:16])
+    qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(-1, 8, 32).astype(np.float32)
+    scale = (dequantize_halves(blocks, 0) * sc)[:, :, None]
+    offset = (dequantize_halves(blocks, 2) * m)[:, :, None]
+    return (scale * q - offset).reshape(-1, 256)
+
+
+@njit(cache=True)
+def _pack_groups(raw, packed):
+    for g in range(packed.shape[0]):
+        for r in range(ROWS_PER_GROUP):
+            source = raw[g * ROWS_PER_GROUP + r]
+            for b in range(raw.shape[1] // TYPE_SIZE):
+                src, dst = b * TYPE_SIZE, b * GROUP_BLOCK_BYTES
+                put_halves(source, src, packed[g], dst, r)
+                put_halves(source, src + 2, packed[g], dst + 16, r)
+                put_transposed(source, src + 4, 12, packed[g], dst + _SCALES, r)
+                for chunk in range(32):
+                    put_chunk(source, src + 16 + 4 * chunk, packed[g], dst + _CHUNKS + 32 * chunk, r)
+
+
+def pack(raw: np.ndarray) -> tuple:
+    """GGUF rows (rows, nb*144) -> (packed groups, tail rows); see the layout above."""
+    return repack_k(raw, _pack_groups)
+
+
+@njit(cache=True, inline="always")
+def _sub_pair(w, at, x, x_at):
+    """Sub-blocks 2j (low nibbles) and 2j+1 (high) of 8 rows, 8 chunks from w[at], against
+    x[x_at..x_at+63] -> (their dots, 16 x the high one's), I32x8 each (exact)."""
+    low = high16 = zeros_i32x8()
+    for c in range(8):
+        q = load_i8x32(w, at + 32 * c)
+        low = dot4_acc(low, low_nibbles(q), broadcast_i8x4(x, x_at + 4 * c))
+        high16 = dot4_high_nibbles_acc(high16, q, broadcast_i8x4(x, x_at + 32 + 4 * c))
+    return low, high16
+
+
+@njit(cache=True, inline="always")
+def _pair_sums(w, base, x, bsums, b, j):
+    """(S, M) of sub-blocks 2j, 2j+1 of super-block b (packed at w[base]) for 8 rows, I32x8 each."""
+    low, high16 = _sub_pair(w, base + _CHUNKS + 256 * j, x, b * 256 + 64 * j)
+    scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
+    scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
+    # scale * (16 * dot) is a multiple of 16: the shift is exact
+    s = add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
+    at = b * 16 + 4 * j
+    m = add(mul_i32(min0, splat_i32(pair_sum(bsums, at))), mul_i32(min1, splat_i32(pair_sum(bsums, at + 2))))
+    return s, m
+
+
+@njit(cache=True)
+def _group_one(w, xq, xd, bsums, out, t, col):
+    """8 rows (packed Q4_K group w) x token t -> out[t, col:col+8], the gemv's order."""
+    acc = acc_min = zeros_f32x8()
+    x, sums = xq[t], bsums[t]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 18)
+        s0, m0 = _pair_sums(w, base, x, sums, b, 0)
+        s1, m1 = _pair_sums(w, base, x, sums, b, 1)
+        s2, m2 = _pair_sums(w, base, x, sums, b, 2)
+        s3, m3 = _pair_sums(w, base, x, sums, b, 3)
+        dx = splat_f32(xd[t, b])
+        acc = fma(to_f32(add(add(s0, s1), add(s2, s3))), mul(load_halves_as_f32(w, base), dx), acc)
+        acc_min = fma(to_f32(add(add(m0, m1), add(m2, m3))), mul(load_halves_as_f32(w, base + 16), dx), acc_min)
+    store_f32x8(out[t], col, sub(acc, acc_min))
+
+
+@njit(cache=True, inline="always")
+def _tile_pair(w, at, x0, x1, x2, x3, x_at):
+    """_sub_pair for 4 tokens: each chunk loaded and its low nibbles taken once for all four."""
+    l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = zeros_i32x8()
+    for c in range(8):
+        q = load_i8x32(w, at + 32 * c)
+        low = low_nibbles(q)
+        lo_at, hi_at = x_at + 4 * c, x_at + 32 + 4 * c
+        l0, h0 = dot4_acc(l0, low, broadcast_i8x4(x0, lo_at)), dot4_high_nibbles_acc(h0, q, broadcast_i8x4(x0, hi_at))
+        l1, h1 = dot4_acc(l1, low, broadcast_i8x4(x1, lo_at)), dot4_high_nibbles_acc(h1, q, broadcast_i8x4(x1, hi_at))
+        l2, h2 = dot4_acc(l2, low, broadcast_i8x4(x2, lo_at)), dot4_high_nibbles_acc(h2, q, broadcast_i8x4(x2, hi_at))
+        l3, h3 = dot4_acc(l3, low, broadcast_i8x4(x3, lo_at)), dot4_high_nibbles_acc(h3, q, broadcast_i8x4(x3, hi_at))
+    return l0, l1, l2, l3, h0, h1, h2, h3
+
+
+@njit(cache=True, inline="always")
+def _tile_token(low, high16, scale0, scale1, min0, min1, sums, at, dd, dmin, acc, acc_min):
+    """One token's S, M of a pair of sub-blocks into its gemm-order accumulators."""
+    s = add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
+    m = add(mul_i32(min0, splat_i32(pair_sum(sums, at))), mul_i32(min1, splat_i32(pair_sum(sums, at + 2))))
+    return fma(to_f32(s), dd, acc), fma(to_f32(m), dmin, acc_min)
+
+
+@njit(cache=True)
+def _group_tile(w, xq, xd, bsums, out, t0, col):
+    """8 rows (packed Q4_K group w) x tokens t0..t0+3 (a gemm tile) -> out[t, col:col+8], the
+    gemm's order; the weights are unpacked once for the 4 tokens."""
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = zeros_f32x8()
+    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
+    s0, s1, s2, s3 = bsums[t0], bsums[t0 + 1], bsums[t0 + 2], bsums[t0 + 3]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
+        e0, e1, e2, e3 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b]), splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
+        for j in range(4):
+            scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
+            scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
+            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(w, base + _CHUNKS + 256 * j, x0, x1, x2, x3, b * 256 + 64 * j)
+            at = b * 16 + 4 * j
+            a0, m0 = _tile_token(l0, h0, scale0, scale1, min0, min1, s0, at, mul(d, e0), mul(dmin, e0), a0, m0)
+            a1, m1 = _tile_token(l1, h1, scale0, scale1, min0, min1, s1, at, mul(d, e1), mul(dmin, e1), a1, m1)
+            a2, m2 = _tile_token(l2, h2, scale0, scale1, min0, min1, s2, at, mul(d, e2), mul(dmin, e2), a2, m2)
+            a3, m3 = _tile_token(l3, h3, scale0, scale1, min0, min1, s3, at, mul(d, e3), mul(dmin, e3), a3, m3)
+    store_f32x8(out[t0], col, sub(a0, m0))
+    store_f32x8(out[t0 + 1], col, sub(a1, m1))
+    store_f32x8(out[t0 + 2], col, sub(a2, m2))
+    store_f32x8(out[t0 + 3], col, sub(a3, m3))
+
+
+@njit(cache=True)
+def _groups(first, last, packed, acts, outs, part_ends):
+    xq, xd, bsums = acts
+    num_tokens = xd.shape[0]
+    full_tiles = num_tokens // 4 * 4
+    for i in range(first, last):
+        part, col = locate(part_ends, i)
+        out = outs[part]
+        for t0 in range(0, full_tiles, 4):
+            _group_tile(packed[i], xq, xd, bsums, out, t0, col)
+        for t in range(full_tiles, num_tokens):
+            _group_one(packed[i], xq, xd, bsums, out, t, col)
+
+
+@njit(cache=True)
+def _tail(tail, acts, outs, part_ends):
+    xq, xd, bsums = acts
+    out = outs[part_ends.shape[0] - 1]
+    first = out.shape[1] - tail.shape[0]
+    full_tiles = xd.shape[0] // 4 * 4
+    for r in range(tail.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], t < full_tiles)
+
+
+@njit(cache=True)
+def row_dot(row, xq, xd, bsums, per_pair):
+    """One Q4_K row (nb*144 B) . one token's Q8_K activations -> float32, in the gemm's order
+    (per_pair) or the gemv's."""
+    acc = acc_min = np.float32(0.0)
+    for b in range(xd.shape[0]):
+        base = b * TYPE_SIZE
+        dd, dmin = scale_at(row, base) * xd[b], scale_at(row, base + 2) * xd[b]
+        s_total = m_total = np.int32(0)
+        for j in range(4):
+            s = m = np.int32(0)
+            for h in range(2):
+                scale, minimum = scale_min(row, base + 4, 2 * j + h)
+                isum = np.int32(0)
+                for i in range(32):
+                    isum += ((np.int32(row[base + 16 + 32 * j + i]) >> (4 * h)) & 15) * np.int32(xq[b * 256 + 64 * j + 32 * h + i])
+                s += scale * isum
+                m += minimum * pair_sum(bsums, b * 16 + 4 * j + 2 * h)
+            if per_pair:
+                acc = fma(np.float32(s), dd, acc)
+                acc_min = fma(np.float32(m), dmin, acc_min)
+            s_total += s
+            m_total += m
+        if not per_pair:
+            acc = fma(np.float32(s_total), dd, acc)
+            acc_min = fma(np.float32(m_total), dmin, acc_min)
+    return acc - acc_min
+
+
+@njit(cache=True, nogil=True)
+def embed_rows(raw, rows, out):
+    """Dequantize rows (T,) of a GGUF-layout Q4_K matrix (vocab, nb*144) -> out (T, n) f32 (llama.cpp's
+    dequantize_row_q4_K: (d * sc) * q - dmin * m)."""
+    for t in range(rows.shape[0]):
+        source = raw[rows[t]]
+        for b in range(out.shape[1] // 256):
+            base = b * TYPE_SIZE
+            d, dmin = scale_at(source, base), scale_at(source, base + 2)
+            for s in range(8):
+                scale, minimum = scale_min(source, base + 4, s)
+                d1, m1 = d * np.float32(scale), dmin * np.float32(minimum)
+                for i in range(32):
+                    q = (np.int32(source[base + 16 + 32 * (s // 2) + i]) >> (4 * (s % 2))) & 15
+                    out[t, b * 256 + 32 * s + i] = d1 * np.float32(q) - m1
+
+
+# ------------------------------------------------------------------ the two entry points
+
+@njit(MATMUL_SIGNATURE, cache=True, nogil=True)
+def matmul_serial(packed, tail, part_ends, x, scratch, outs):
+    """W Q4_K packed + tail @ x (T, K) -> outs (kernels/quants/common.py), on this thread."""
+    run_serial(prepare_q8_k, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+
+
+@njit(MATMUL_SIGNATURE, cache=True, parallel=True)
+def matmul_parallel(packed, tail, part_ends, x, scratch, outs):
+    """The same on numba's thread pool when big enough."""
+    run_parallel(prepare_q8_k, _groups, _tail, packed, tail, part_ends, x, scratch, outs)

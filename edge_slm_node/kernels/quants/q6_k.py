@@ -1,0 +1,306 @@
+"""Q6_K: super-blocks of 256 weights in 210 bytes: 128 bytes ql (low 4 bits), 64 bytes qh (high
+2 bits), 16 int8 scales (one per 16 weights), f16 d; w = d * sc * (q - 32), q 0..63. In half j
+(weights 128j..128j+127), for i < 32: weight 128j+i = ql[64j+i] low nibble | qh[32j+i] bits 0-1,
++32: ql[64j+32+i] low | bits 2-3, +64: ql[64j+i] high | bits 4-5, +96: ql[64j+32+i] high | bits 6-7.
+
+Packed layout (a group of 8 rows, per super-block, 1680 bytes; kernels/quants/kquants.py):
+d[8] f16 | the 16 scale bytes transposed (128 B) | per lane l (0..7) and half j, 3 chunks of
+32 B: row r's ql[64j+4l..+3], ql[64j+32+4l..+3], qh[32j+4l..+3] at 4r. Activations: Q8_K.
+llama.cpp (x86, prompts and decode alike: ggml_vec_dot_q6_K_q8_K, AVX2) keeps 8 lanes per
+row; lane l holds, per super-block, the exact integer
+    S_l = sum over the 8 vectors v of 32 weights of sc[2v + (l >= 4)] * (q . x over weights
+          32v+4l..32v+4l+3)  -  32 * (sc[2l] * bsum[2l] + sc[2l+1] * bsum[2l+1])
+and a_l = fma(d * d_x, float(S_l), a_l), the result ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)).
+That is for fewer than 8 tokens; with 8 or more llama.cpp runs its tiled K-quant matmul
+(ggml-cpu/tiled, AVX-512 VNNI microkernel), which per super-block takes the exact integer
+S = sum of the S_l and accumulates acc = fma(float(S) * d, d_x, acc) (the product rounded).
+The kernels here hold those lanes for 8 rows (one F32x8 per lane) and take the same split of
+calls (T >= 8: the tiled order for every token), so they are bit-equal to it.
+"""
+import numpy as np
+from numba import njit
+
+from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
+                    zeros_i32x8)
+from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
+                        load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
+                        sub_int)
+from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
+from .kquants import SCRATCH_SLOTS, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k
+from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+
+FUSABLE = True           # several matrices concatenated, one output per part
+TYPE_SIZE = 210
+GROUP_BLOCK_BYTES = 1680
+_SCALES, _LANES = 16, 144      # offsets in a packed super-block
+
+
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+    """NumPy reference: GGUF blocks (n, 210) u8 -> (n, 256) f32."""
+    ql = blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    qh = blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    q = ((ql & 0x0F).reshape(-1, 8, 32) | ((qh & 0x03).reshape(-1, 8, 32) << 4)).astype(np.float32) - 32
+    scale = dequantize_halves(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+    return (scale[:, :, None] * q.reshape(-1, 16, 16)).reshape(-1, 256)
+
+
+@njit(cache=True)
+def _pack_groups(raw, packed):
+    for g in range(packed.shape[0]):
+        for r in range(ROWS_PER_GROUP):
+            source = raw[g * ROWS_PER_GROUP + r]
+            for b in range(raw.shape[1] // TYPE_SIZE):
+                src, dst = b * TYPE_SIZE, b * GROUP_BLOCK_BYTES
+                put_halves(source, src + 208, packed[g], dst, r)
+                put_transposed(source, src + 192, 16, packed[g], dst + _SCALES, r)
+                for lane in range(8):
+                    for j in range(2):
+                        at = dst + _LANES + 96 * (2 * lane + j)
+                        put_chunk(source, src + 64 * j + 4 * lane, packed[g], at, r)
+                        put_chunk(source, src + 64 * j + 32 + 4 * lane, packed[g], at + 32, r)
+                        put_chunk(source, src + 128 + 32 * j + 4 * lane, packed[g], at + 64, r)
+
+
+def pack(raw: np.ndarray) -> tuple:
+    """GGUF rows (rows, nb*210) -> (packed groups, tail rows); see the layout above."""
+    return repack_k(raw, _pack_groups)
+
+
+@njit(cache=True, inline="always")
+def _scales(w, base, m):
+    """Scale m of the 8 rows as the I16x16 multiplier of their pair sums."""
+    return i16_pairs(load_i8x8_as_i32(w, base + _SCALES + 8 * m))
+
+
+@njit(cache=True, inline="always")
+def _half(w, at, x, x_at, s0, s1, s2, s3):
+    """One lane of one half (chunks at w[at]) for 8 rows . x at x_at, +32, +64, +96, each vector
+    times its scale (s0..s3) -> I32x8 (exact: pairs <= 2 * 63 * 127)."""
+    low, high, bits = load_i8x32(w, at), load_i8x32(w, at + 32), load_i8x32(w, at + 64)
+    v0 = bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4))
+    v1 = bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2))
+    v2 = bits_or(high_nibbles(low), mask_bits(bits, 48))
+    v3 = bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2))
+    s = dot_pairs_i16(dot_pairs_u8_i8(v0, broadcast_i8x4(x, x_at)), s0)
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, broadcast_i8x4(x, x_at + 32)), s1))
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, broadcast_i8x4(x, x_at + 64)), s2))
+    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, broadcast_i8x4(x, x_at + 96)), s3))
+
+
+TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at least this many tokens
+
+
+@njit(cache=True, inline="always")
+def _lane(w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
+    """S_lane (I32x8) of super-block b for 8 rows; e0..e7: the scales of the lane's half (see top)."""
+    at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
+    s = add(_half(w, at, x, x_at, e0, e1, e2, e3), _half(w, at + 96, x, x_at + 128, e4, e5, e6, e7))
+    m = 2 * lane
+    offset = add(mul_i32(load_i8x8_as_i32(w, base + _SCALES + 8 * m), splat_i32(bsums[b * 16 + m])),
+                 mul_i32(load_i8x8_as_i32(w, base + _SCALES + 8 * m + 8), splat_i32(bsums[b * 16 + m + 1])))
+    return sub_int(s, shift_left(offset, 5))
+
+
+@njit(cache=True)
+def _group_one(w, xq, xd, bsums, out, t, col):
+    """8 rows (packed Q6_K group w) x token t -> out[t, col:col+8]."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_f32x8()
+    x, sums = xq[t], bsums[t]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 27)
+        dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
+        e0, e1, e2, e3 = _scales(w, base, 0), _scales(w, base, 2), _scales(w, base, 4), _scales(w, base, 6)
+        e4, e5, e6, e7 = _scales(w, base, 8), _scales(w, base, 10), _scales(w, base, 12), _scales(w, base, 14)
+        a0 = fma(dd, to_f32(_lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7)), a0)
+        a1 = fma(dd, to_f32(_lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)), a1)
+        a2 = fma(dd, to_f32(_lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7)), a2)
+        a3 = fma(dd, to_f32(_lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)), a3)
+        e0, e1, e2, e3 = _scales(w, base, 1), _scales(w, base, 3), _scales(w, base, 5), _scales(w, base, 7)
+        e4, e5, e6, e7 = _scales(w, base, 9), _scales(w, base, 11), _scales(w, base, 13), _scales(w, base, 15)
+        a4 = fma(dd, to_f32(_lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7)), a4)
+        a5 = fma(dd, to_f32(_lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)), a5)
+        a6 = fma(dd, to_f32(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7)), a6)
+        a7 = fma(dd, to_f32(_lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7)), a7)
+    store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+
+
+@njit(cache=True)
+def _group_tiled(w, xq, xd, bsums, out, t, col):
+    """8 rows (packed Q6_K group w) x token t of a call with >= 8 tokens -> out[t, col:col+8], the
+    tiled matmul's order."""
+    acc = zeros_f32x8()
+    x, sums = xq[t], bsums[t]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        e0, e1, e2, e3 = _scales(w, base, 0), _scales(w, base, 2), _scales(w, base, 4), _scales(w, base, 6)
+        e4, e5, e6, e7 = _scales(w, base, 8), _scales(w, base, 10), _scales(w, base, 12), _scales(w, base, 14)
+        s = add(add(_lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7),
+                    _lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)),
+                add(_lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7),
+                    _lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)))
+        e0, e1, e2, e3 = _scales(w, base, 1), _scales(w, base, 3), _scales(w, base, 5), _scales(w, base, 7)
+        e4, e5, e6, e7 = _scales(w, base, 9), _scales(w, base, 11), _scales(w, base, 13), _scales(w, base, 15)
+        s = add(s, add(add(_lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7),
+                           _lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)),
+                       add(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7),
+                           _lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7))))
+        acc = fma(mul(to_f32(s), load_halves_as_f32(w, base)), splat_f32(xd[t, b]), acc)
+    store_f32x8(out[t], col, acc)
+
+
+@njit(cache=True, inline="always")
+def _dots4(v0, v1, v2, v3, x, x_at, s0, s1, s2, s3):
+    """One token's sum over 4 vectors (v_k . x[x_at + 32k..]) times their scales -> I32x8."""
+    s = dot_pairs_i16(dot_pairs_u8_i8(v0, broadcast_i8x4(x, x_at)), s0)
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, broadcast_i8x4(x, x_at + 32)), s1))
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, broadcast_i8x4(x, x_at + 64)), s2))
+    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, broadcast_i8x4(x, x_at + 96)), s3))
+
+
+@njit(cache=True, inline="always")
+def _half4(w, at, x0, x1, x2, x3, x_at, s0, s1, s2, s3):
+    """_half for 4 tokens: the 6-bit values unpacked once."""
+    low, high, bits = load_i8x32(w, at), load_i8x32(w, at + 32), load_i8x32(w, at + 64)
+    v0 = bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4))
+    v1 = bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2))
+    v2 = bits_or(high_nibbles(low), mask_bits(bits, 48))
+    v3 = bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2))
+    return (_dots4(v0, v1, v2, v3, x0, x_at, s0, s1, s2, s3), _dots4(v0, v1, v2, v3, x1, x_at, s0, s1, s2, s3),
+            _dots4(v0, v1, v2, v3, x2, x_at, s0, s1, s2, s3), _dots4(v0, v1, v2, v3, x3, x_at, s0, s1, s2, s3))
+
+
+@njit(cache=True, inline="always")
+def _offset(w, base, sums, b, m):
+    """32 * (sc[m] * bsum[m] + sc[m+1] * bsum[m+1]) for 8 rows (I32x8)."""
+    at = base + _SCALES + 8 * m
+    return shift_left(add(mul_i32(load_i8x8_as_i32(w, at), splat_i32(sums[b * 16 + m])),
+                          mul_i32(load_i8x8_as_i32(w, at + 8), splat_i32(sums[b * 16 + m + 1]))), 5)
+
+
+@njit(cache=True)
+def _group_tiled4(w, xq, xd, bsums, out, t0, col):
+    """8 rows (packed Q6_K group w) x tokens t0..t0+3 of a call with >= 8 tokens -> out[t, col:col+8],
+    the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
+    a0 = a1 = a2 = a3 = zeros_f32x8()
+    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
+    u0, u1, u2, u3 = bsums[t0], bsums[t0 + 1], bsums[t0 + 2], bsums[t0 + 3]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        s0 = s1 = s2 = s3 = zeros_i32x8()
+        for half in range(2):
+            e0, e1, e2, e3 = _scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), \
+                _scales(w, base, 6 + half)
+            e4, e5, e6, e7 = _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half), \
+                _scales(w, base, 14 + half)
+            for lane in range(4 * half, 4 * half + 4):
+                at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
+                p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e0, e1, e2, e3)
+                q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e4, e5, e6, e7)
+                s0 = add(s0, sub_int(add(p0, q0), _offset(w, base, u0, b, 2 * lane)))
+                s1 = add(s1, sub_int(add(p1, q1), _offset(w, base, u1, b, 2 * lane)))
+                s2 = add(s2, sub_int(add(p2, q2), _offset(w, base, u2, b, 2 * lane)))
+                s3 = add(s3, sub_int(add(p3, q3), _offset(w, base, u3, b, 2 * lane)))
+        d = load_halves_as_f32(w, base)
+        a0 = fma(mul(to_f32(s0), d), splat_f32(xd[t0, b]), a0)
+        a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t0 + 1, b]), a1)
+        a2 = fma(mul(to_f32(s2), d), splat_f32(xd[t0 + 2, b]), a2)
+        a3 = fma(mul(to_f32(s3), d), splat_f32(xd[t0 + 3, b]), a3)
+    store_f32x8(out[t0], col, a0)
+    store_f32x8(out[t0 + 1], col, a1)
+    store_f32x8(out[t0 + 2], col, a2)
+    store_f32x8(out[t0 + 3], col, a3)
+
+
+@njit(cache=True)
+def _groups(first, last, packed, acts, outs, part_ends):
+    xq, xd, bsums = acts
+    num_tokens = xd.shape[0]
+    tiled = num_tokens >= TILED_MIN_TOKENS
+    full_tiles = num_tokens // 4 * 4 if tiled else 0
+    for i in range(first, last):
+        part, col = locate(part_ends, i)
+        out = outs[part]
+        for t0 in range(0, full_tiles, 4):
+            _group_tiled4(packed[i], xq, xd, bsums, out, t0, col)
+        for t in range(full_tiles, num_tokens):
+            if tiled:
+                _group_tiled(packed[i], xq, xd, bsums, out, t, col)
+            else:
+                _group_one(packed[i], xq, xd, bsums, out, t, col)
+
+
+@njit(cache=True)
+def _tail(tail, acts, outs, part_ends):
+    xq, xd, bsums = acts
+    out = outs[part_ends.shape[0] - 1]
+    first = out.shape[1] - tail.shape[0]
+    for r in range(tail.shape[0]):
+        for t in range(xd.shape[0]):
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], xd.shape[0] >= TILED_MIN_TOKENS)
+
+
+@njit(cache=True, inline="always")
+def _q6(row, base, i):
+    """The 6-bit value (0..63) of weight i (0..255) of the GGUF super-block at row[base]."""
+    j, k, e = i // 128, (i % 128) // 32, i % 32
+    low = (np.int32(row[base + 64 * j + 32 * (k % 2) + e]) >> (4 * (k // 2))) & 15
+    return low | (((np.int32(row[base + 128 + 32 * j + e]) >> (2 * k)) & 3) << 4)
+
+
+@njit(cache=True)
+def row_dot(row, xq, xd, bsums, tiled):
+    """One Q6_K row (nb*210 B) . one token's Q8_K activations -> float32 (llama.cpp's vec_dot
+    order, or with `tiled` its tiled matmul's)."""
+    lanes = np.zeros(8, np.float32)
+    acc = np.float32(0.0)
+    signed = row.view(np.int8)
+    for b in range(xd.shape[0]):
+        base = b * TYPE_SIZE
+        dd = xd[b] * scale_at(row, base + 208)
+        total = np.int32(0)
+        for lane in range(8):
+            s = np.int32(0)
+            for v in range(8):
+                isum = np.int32(0)
+                for e in range(4):
+                    i = 32 * v + 4 * lane + e
+                    isum += _q6(row, base, i) * np.int32(xq[b * 256 + i])
+                s += np.int32(signed[base + 192 + 2 * v + lane // 4]) * isum
+            m = 2 * lane
+            s -= 32 * (np.int32(signed[base + 192 + m]) * bsums[b * 16 + m]
+                       + np.int32(signed[base + 193 + m]) * bsums[b * 16 + m + 1])
+            lanes[lane] = fma(dd, np.float32(s), lanes[lane])
+            total += s
+        acc = fma(np.float32(total) * scale_at(row, base + 208), xd[b], acc)
+    if tiled:
+        return acc
+    return lane_sum(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6], lanes[7])
+
+
+@njit(cache=True, nogil=True)
+def embed_rows(raw, rows, out):
+    """Dequantize rows (T,) of a GGUF-layout Q6_K matrix (vocab, nb*210) -> out (T, n) f32 (llama.cpp's
+    dequantize_row_q6_K: (d * sc) * (q - 32))."""
+    for t in range(rows.shape[0]):
+        source = raw[rows[t]]
+        signed = source.view(np.int8)
+        for b in range(out.shape[1] // 256):
+            base = b * TYPE_SIZE
+            d = scale_at(source, base + 208)
+            for i in range(256):
+                out[t, b * 256 + i] = d * np.float32(signed[base + 192 + i // 16]) * np.float32(_q6(source, base, i) - 32)
+
+
+# ------------------------------------------------------------------ the two entry points
+
+@njit(MATMUL_SIGNATURE, cache=True, nogil=True)
+def matmul_serial(packed, tail, part_ends, x, scratch, outs):
+    """W Q6_K packed + tail @ x (T, K) -> outs (kernels/quants/common.py), on this thread."""
+    run_serial(prepare_q8_k, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+
+
+@njit(MATMUL_SIGNATURE, cache=True, parallel=True)
+def matmul_parallel(packed, tail, part_ends, x, scratch, outs):
+    """The same on numba's thread pool when big enough."""
+    run_parallel(prepare_q8_k, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
