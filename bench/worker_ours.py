@@ -1,5 +1,12 @@
-"""One measurement run of edge_slm_node's engine; prints one JSON line. Driven by bench_speed.py."""
+"""One measurement run of edge_slm_node's engine; prints one JSON line. Driven by bench_speed.py.
+
+    .venv/bin/python bench/worker_ours.py [THREADS] [--model PATH] [--mode full|decode] [--decode-tokens N]
+
+--mode decode measures only the single-session decode (the busy row). A model the engine cannot
+run (a quant type without kernels, an unknown architecture) prints {"unsupported": "..."}."""
+import argparse
 import json
+import os
 import resource
 import sys
 import time
@@ -11,6 +18,8 @@ from edge_slm_node.engine.config import EngineConfig          # noqa: E402
 from edge_slm_node.engine.config_files import default_system_prompt   # noqa: E402
 from edge_slm_node.engine.engine import Engine                # noqa: E402
 from edge_slm_node.engine.sampling import SamplingParams      # noqa: E402
+from edge_slm_node.kernels.quants import UnsupportedQuantError  # noqa: E402
+from edge_slm_node.model.gguf_file import GGUFError           # noqa: E402
 
 from common import COMMAND_16, DECODE_TOKENS, long_prompt      # noqa: E402
 
@@ -43,19 +52,38 @@ def batch_figures(batch):
 
 
 def main():
-    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    engine = Engine(EngineConfig(kv_pool_mb=96, max_context_tokens=1024, num_threads=threads,
-                                 system_prompt=default_system_prompt()))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("threads", type=int, nargs="?", default=2)
+    parser.add_argument("--model", default="", help="a GGUF path or a known model name (default: SmolLM2)")
+    parser.add_argument("--mode", choices=("full", "decode"), default="full")
+    parser.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS)
+    args = parser.parse_args()
+    threads, decode_tokens = args.threads, args.decode_tokens
+    try:
+        engine = Engine(EngineConfig(model_path=args.model, kv_pool_mb=96, max_context_tokens=1024,
+                                     num_threads=threads,
+                                     system_prompt=default_system_prompt() if args.mode == "full" else None))
+    except (UnsupportedQuantError, GGUFError) as error:
+        print(json.dumps({"unsupported": str(error)}))
+        return
     startup_s = time.monotonic() - STARTED
-    decode = SamplingParams(max_new_tokens=DECODE_TOKENS, ignore_eos=True)
+    decode = SamplingParams(max_new_tokens=decode_tokens, ignore_eos=True)
+    if args.mode == "decode":                          # the busy row: warm-up, then one decode
+        engine.create_session("warm", system_prompt="")
+        run_one(engine, "warm", "Explain what G00 does.", decode, raw=True)
+        engine.destroy_session("warm")
+        engine.create_session("decode", system_prompt="")
+        single = run_one(engine, "decode", "Explain what G01 does.", decode, raw=True)
+        print(json.dumps({"startup_s": startup_s, "decode_tps": single.decode_tokens_per_s, "threads": threads,
+                          "environment": sorted(os.environ), "loadavg_end": os.getloadavg()}))
+        return
     # warm-up (JIT already cached on disk): every code path once, and one answer as long as the
     # measured ones, so Python's heap has grown to its steady size before faults are counted
     engine.create_session("warm")
     run_one(engine, "warm", COMMAND_16, SamplingParams(max_new_tokens=4, ignore_eos=True))
     engine.destroy_session("warm")
     engine.create_session("warm", system_prompt="")
-    run_one(engine, "warm", "Explain what G00 does.", SamplingParams(max_new_tokens=DECODE_TOKENS, ignore_eos=True),
-            raw=True)
+    run_one(engine, "warm", "Explain what G00 does.", decode, raw=True)
     engine.destroy_session("warm")
 
     engine.create_session("ttft")
@@ -114,6 +142,9 @@ def main():
         "per_session4_cnc_ms": per_session_cnc_ms,
         "single_cnc_ms": 1000.0 / cnc.decode_tokens_per_s,
         "faults_per_token": faults_per_token,
+        "threads": threads,
+        "environment": sorted(os.environ),
+        "loadavg_end": os.getloadavg(),
     }))
 
 
