@@ -82,7 +82,6 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
         num_lanes = WIDE_PROMPT_LANES if pv_prompt else WIDE_DECODE_LANES
     else:
         num_lanes = PROMPT_LANES if pv_prompt else DECODE_LANES
-    group_width = 16 if avx512 else 8           # softmax: positions per vector exp / partial sum
     vector_end = head_dim // 8 * 8
     max_context = 0
     for m in range(count):

@@ -14,7 +14,6 @@ import gguf
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import Q4_K as GGUF_Q4_K, dequantize, quantize
 
-from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
 from edge_slm_node.kernels.quantize import quantize_rows_q8, quantize_rows_q8_k
 from edge_slm_node.kernels.quants import Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, UnsupportedQuantError, quant_type

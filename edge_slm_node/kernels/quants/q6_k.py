@@ -26,7 +26,7 @@ from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import SCRATCH_SLOTS, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k
+from .kquants import SCRATCH_SLOTS, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k  # noqa: F401
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
 
 FUSABLE = True           # several matrices concatenated, one output per part
