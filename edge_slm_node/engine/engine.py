@@ -21,6 +21,7 @@ from ..model.load_progress import LoadProgress
 from ..model.loader import LoadedModel, load_model
 from ..model.utf8_stream import Utf8StreamDecoder
 from .config import ConfigError, EngineConfig
+from .guard_check import GuardZoneError, blocks_written, guard_breach
 from .memory_lock import lock_arrays
 from .model_runner import ModelRunner
 from .postprocess import Postprocessor
@@ -36,13 +37,6 @@ from .stop_strings import StopStringMatcher
 log = logging.getLogger(__name__)
 
 __all__ = ["Engine", "GuardZoneError", "UnknownSessionError"]
-
-
-GUARD_SWEEP_STEPS = 64
-
-
-class GuardZoneError(RuntimeError):
-    """A kernel wrote past a buffer or a KV block (guard_zones): memory is corrupt, stop."""
 
 
 class Engine:
@@ -101,14 +95,15 @@ class Engine:
             if not plan.runs_model:
                 return bool(plan.rejected)
             self._in_forward.update(r.session_id for r in plan.requests)
-            written = self._blocks_written(plan) if self.guards.enabled else None
+            written = blocks_written(plan, self.kv, self.config.block_size) if self.guards.enabled else None
         started = time.monotonic()
         self.steps += 1
         try:
             logits, error = self.runner.run(plan, self.kv), None
         except Exception as failure:            # a kernel failure must not take the node down
             logits, error = None, f"{type(failure).__name__}: {failure}"
-        breach = self._guard_zone_breach(written) if self.guards.enabled else ""
+        breach = guard_breach(self.guards, self.arena, written, self.steps, self.runner.last_run) \
+            if self.guards.enabled else ""
         if breach:                              # the step's requests end with it, then the engine stops
             error = breach
         with self._lock:
@@ -123,31 +118,6 @@ class Engine:
         if breach:
             raise GuardZoneError(breach)
         return True
-
-    def _blocks_written(self, plan) -> set:
-        """The KV blocks this step writes: the next slot of each decoding sequence, every slot of
-        each prompt chunk, the targets of its copies."""
-        size = self.config.block_size
-        written = {dst for _, dst in plan.copies}
-        for request in plan.decode:
-            written.add(self.kv.block_table(request.session_id)[self.kv.num_tokens(request.session_id) // size])
-        for chunk in plan.prompts:
-            table = self.kv.block_table(chunk.request.session_id)
-            written.update(table[position // size] for position in range(chunk.start, chunk.start + chunk.count, size))
-            written.add(table[(chunk.start + chunk.count - 1) // size])
-        return written
-
-    def _guard_zone_breach(self, written: set) -> str:
-        """'' or what overwrote which canaries: the buffers' names, the step and what it ran. The
-        KV guards of the blocks the step wrote are checked every step, all of them every
-        GUARD_SWEEP_STEPS steps (a stray write elsewhere)."""
-        blocks = None if self.steps % GUARD_SWEEP_STEPS == 0 else written
-        broken = self.guards.breaches() + [f"KV block {block} (layer {layer}, {'KV'[kind]}, kv head {head})"
-                                           for layer, kind, block, head in self.arena.guard_breaches(blocks)[:8]]
-        if not broken:
-            return ""
-        return (f"guard zone overwritten in step {self.steps}, {self.runner.last_run} (kernels: decoder_layers, "
-                f"final norm, output head): {', '.join(broken)}")
 
     def close(self) -> None:
         """End the side forward threads, so that dropping the engine frees weights, KV pool and

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edge_slm_node.engine.engine import GUARD_SWEEP_STEPS, GuardZoneError
+from edge_slm_node.engine.guard_check import GUARD_SWEEP_STEPS, GuardZoneError
 from edge_slm_node.engine.sampling import SamplingParams
 from edge_slm_node.kernels.kv_write import _write_row
 
