@@ -21,7 +21,7 @@ from ..model.load_progress import LoadProgress
 from ..model.loader import LoadedModel, load_model
 from ..model.utf8_stream import Utf8StreamDecoder
 from .config import ConfigError, EngineConfig
-from .guard_check import GuardZoneError, blocks_written, guard_breach
+from .guard_check import GuardZoneError, guard_breach
 from .memory_lock import lock_arrays
 from .model_runner import ModelRunner
 from .postprocess import Postprocessor
@@ -95,15 +95,14 @@ class Engine:
             if not plan.runs_model:
                 return bool(plan.rejected)
             self._in_forward.update(r.session_id for r in plan.requests)
-            written = blocks_written(plan, self.kv, self.config.block_size) if self.guards.enabled else None
         started = time.monotonic()
         self.steps += 1
         try:
             logits, error = self.runner.run(plan, self.kv), None
         except Exception as failure:            # a kernel failure must not take the node down
             logits, error = None, f"{type(failure).__name__}: {failure}"
-        breach = guard_breach(self.guards, self.arena, written, self.steps, self.runner.last_run) \
-            if self.guards.enabled else ""
+        breach = guard_breach(self.guards, self.arena, self.runner.blocks_written(plan.copies), self.steps,
+                              self.runner.last_run) if self.guards.enabled else ""
         if breach:                              # the step's requests end with it, then the engine stops
             error = breach
         with self._lock:

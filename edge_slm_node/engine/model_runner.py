@@ -13,6 +13,7 @@ import time
 from typing import Optional
 
 import numba
+import numpy as np
 
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
@@ -48,6 +49,7 @@ class ModelRunner:
         self.decode_policy = DecodePolicy()
         self.split_steps = 0                # decode steps split over the side threads
         self.last_run = ""                  # what the last step ran (named when a guard zone breaks)
+        self.last_batches: list = []        # the ForwardBatches it ran
 
     def resident_arrays(self) -> list:
         """Weights, KV arena and every activation buffer (what lock_memory pins in RAM)."""
@@ -76,7 +78,8 @@ class ModelRunner:
                                                      len(request.prompt_ids)))
             self.last_run = (f"a prompt step ({sum(c.count for c in plan.prompts)} prompt tokens, {len(plan.decode)} "
                              f"decoding) on the thread pool")
-            return self.transformer.forward(self.batch.build(), self.arena.data, parallel=True)
+            self.last_batches = [self.batch.build()]
+            return self.transformer.forward(self.last_batches[0], self.arena.data, parallel=True)
         mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides),
                                          can_pool=self.pool_threads >= 2)
         parts = min(len(self.sides) + 1, len(plan.decode)) if mode is DecodeThreading.SPLIT else 1
@@ -88,13 +91,21 @@ class ModelRunner:
                 builder.add(kv, request.session_id, [request.next_token], kv.num_tokens(request.session_id), True)
         self.last_run = f"a decode step ({len(plan.decode)} sequences, {mode.value}, {parts} part(s))"
         started = time.monotonic()
+        self.last_batches = [builder.build() for builder in builders]
         if parts > 1:
-            logits = self._split_forward(self.batch.build(), [b.build() for b in builders[1:]])
+            logits = self._split_forward(self.last_batches[0], self.last_batches[1:])
         else:
-            logits = self.transformer.forward(self.batch.build(), self.arena.data,
+            logits = self.transformer.forward(self.last_batches[0], self.arena.data,
                                               parallel=mode is DecodeThreading.POOL)
         self.decode_policy.record(len(plan.decode), mode, time.monotonic() - started)
         return logits
+
+    def blocks_written(self, copies) -> set:
+        """The KV blocks the last step wrote: its batches' slots and the targets of its copies."""
+        written = {int(dst) for _, dst in copies}
+        for batch in self.last_batches:
+            written.update(int(block) for block in np.unique(batch.slot_mapping // self.arena.block_size))
+        return written
 
     def _split_forward(self, batch, side_batches) -> list:
         """Each side batch's forward on its side thread while batch's runs here, all with

@@ -10,6 +10,7 @@ from ..kernels.quants import F32, QuantType
 from .config import ModelConfig
 from .gguf_file import GGUFError, GGUFFile
 from .linear import Linear
+from .load_progress import no_progress
 
 
 @dataclass
@@ -83,8 +84,8 @@ def _megabytes(gguf: GGUFFile, name: str) -> float:
     return gguf.tensors[name].num_bytes / 1e6 if name in gguf.tensors else 0.0
 
 
-def load_weights(gguf: GGUFFile, config: ModelConfig, progress=None) -> ModelWeights:
-    """progress(stage, done, total, unit), if given, hears "repack" after every layer (MB of matrices)."""
+def load_weights(gguf: GGUFFile, config: ModelConfig, progress=no_progress) -> ModelWeights:
+    """progress(stage, done, total, unit) hears "repack" after every layer (MB of matrices)."""
     hidden, inter = config.hidden_size, config.intermediate_size
     matrix_mb = [sum(_megabytes(gguf, f"blk.{i}.{m}.weight") for m in _MATRICES) for i in range(config.num_layers)]
     head = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
@@ -109,16 +110,14 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, progress=None) -> ModelWei
         if config.has_qkv_bias and layers[-1].q_bias is None:
             raise GGUFError(f"{gguf.path}: {config.architecture} needs tensor {prefix + 'attn_q.bias'!r}, missing")
         done_mb += matrix_mb[i]
-        if progress is not None:
-            progress("repack", done_mb, total_mb, "MB")
+        progress("repack", done_mb, total_mb, "MB")
     embedding = _tensor(gguf, "token_embd.weight", (hidden, config.vocab_size))
     embedding_raw = gguf.tensor_bytes("token_embd.weight")
     if "output.weight" in gguf.tensors:
         output = _linear(gguf, "output.weight", hidden, config.vocab_size)
     else:                                                   # tied embeddings
         output = Linear("token_embd.weight", embedding_raw, embedding.quant, hidden)
-    if progress is not None:
-        progress("repack", total_mb, total_mb, "MB")
+    progress("repack", total_mb, total_mb, "MB")
     return ModelWeights(
         embedding_raw=embedding_raw,
         embedding_quant=embedding.quant,
