@@ -5,7 +5,8 @@ its thread pool and keeps a list of all of them, scanned on every spin: under a 
 thousands of service calls the backlog moves from the middleware's queues into that list and
 each spin costs O(backlog) (measured here: half the node's time in Future.done, answers a
 minute late). This one waits for a free slot before taking the next callback, so a backlog
-stays in the middleware's keep-all queues, where it costs nothing until it is served.
+stays in the middleware's queues (keep-all for commands, keep-last service_queue_depth
+for the services), where it costs nothing until it is served.
 Built on the public Executor API (wait_for_ready_callbacks), as in Humble through Kilted.
 """
 from __future__ import annotations

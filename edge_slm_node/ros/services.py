@@ -18,9 +18,14 @@ SERVICE_TYPES = {"create_session": CreateSession, "destroy_session": DestroySess
 def create_session_services(node, gate, callback_group, queue_depth: int, rate_limit_hz: float) -> RateLimiter:
     """The four services, guarded and rate limited together; -> their limiter (its rate can change).
 
-    They keep every request (keep-all) and answer each one, an error when over the rate limit:
-    a keep-last queue would drop a burst's excess without any answer."""
-    qos = QoSProfile(depth=queue_depth, history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
+    Each answers every request it takes, an error when over the rate limit. Their queues are
+    keep-last queue_depth: rclpy gives a service one QoS for its request reader and its response
+    writer, and Fast DDS sends a service's responses to every client of it, so with keep-all one
+    client that stops reading (a hung process with thousands of calls in flight) fills the
+    writer's history and every later answer, to every client, fails to send (measured:
+    test_hung_client_does_not_silence_the_services). Keep-last never blocks on a reader; a client
+    that fires more than queue_depth calls faster than the node takes them loses the excess."""
+    qos = QoSProfile(depth=queue_depth, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE)
     limiter = RateLimiter(rate_limit_hz)
     log = node.get_logger()
     for name, handler in SessionServices(node, gate).handlers().items():

@@ -8,7 +8,9 @@ Modes (each loops for S seconds, then waits for its service answers and prints o
   inject     commands whose text forges chat turns with control-token strings
   oversized  commands with 1 MB texts and maximal or over-long stop strings
   flood      commands to ever new session ids (auto-create), ~200 a second
-  slots      create_session calls for ever new ids, as fast as it can
+  slots      create_session calls for ever new ids, as fast as it can (at most --count if given)
+  hung       create_session calls as fast as it can without ever reading a reply, then stays alive
+             for --hang-s seconds (prints its line when it stops calling, then once more at exit)
 Request ids are first-id, first-id+1, ...: the caller checks each got exactly one final chunk.
 """
 from __future__ import annotations
@@ -108,7 +110,12 @@ class Hostile:
         self.command(f"flood-{self.next_id}", "Say hi.", max_new_tokens=1)
         time.sleep(0.005)              # ~200 commands/s: more than the tokens topic's depth per second
 
+    def hung(self) -> None:
+        self.call("create_session", session_id="not a valid id!")    # never spun: replies pile up unread
+
     def slots(self) -> None:
+        if self.args.count and len(self.futures) >= self.args.count:
+            return time.sleep(0.01)
         self.call("create_session", session_id=f"grab-{self.args.first_id}-{len(self.futures)}")
 
     def run(self) -> dict:
@@ -116,7 +123,13 @@ class Hostile:
         deadline = time.monotonic() + self.args.seconds
         while time.monotonic() < deadline:
             act()
-            self.spin()
+            if self.args.mode != "hung":
+                self.spin()
+        if self.args.mode == "hung":                      # a process stuck with its calls in flight
+            print(json.dumps({"mode": "hung", "calls": len(self.futures), "blocked": self.blocked}), flush=True)
+            time.sleep(self.args.hang_s)
+            return {"mode": "hung", "sent": [], "calls": len(self.futures), "answers": 0, "refused": 0,
+                    "blocked": self.blocked, "messages": []}
         from rclpy.duration import Duration
         self.publisher.wait_for_all_acked(Duration(seconds=60))   # our last commands reach the node
         wait_until = time.monotonic() + 180
@@ -133,11 +146,13 @@ class Hostile:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["race", "inject", "oversized", "flood", "slots"])
+    parser.add_argument("mode", choices=["race", "inject", "oversized", "flood", "slots", "hung"])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--first-id", type=int, required=True)
     parser.add_argument("--session", default="victim")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count", type=int, default=0, help="slots: stop calling after this many calls")
+    parser.add_argument("--hang-s", type=float, default=60.0, help="hung: how long to stay alive unread")
     hostile = Hostile(parser.parse_args())
     print(json.dumps(hostile.run()), flush=True)
     hostile.node.destroy_node()
