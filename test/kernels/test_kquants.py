@@ -424,3 +424,31 @@ def test_gguf_file_with_an_unsupported_type_is_rejected_by_name(tmp_path):
     writer.close()
     with pytest.raises(GGUFError, match=r"'blk\.0\.ffn_down\.weight' is stored as Q3_K.*supported: .*Q4_K"):
         GGUFFile(str(path))
+
+
+_GENERIC_CHECK = """
+import numpy as np
+from test_kquants import Activations, NEW_TYPES, _apply, _random_rows, _x, llama_reference
+from edge_slm_node.model.linear import Linear
+for quant in NEW_TYPES:
+    length = 512 if quant.block_size == 256 else 224
+    for rows, tokens in ((13, 1), (21, 9)):
+        raw, x = _random_rows(quant, rows, length, seed=rows), _x(tokens, length, seed=tokens)
+        for parallel in (False, True):
+            out = _apply(Linear("w", raw, quant, length), x, parallel)
+            assert np.array_equal(out, llama_reference(raw, quant, Activations(x, quant))), (quant.name, rows, tokens)
+print("generic ok")
+"""
+
+
+def test_generic_vector_code_without_avx2_or_vnni_is_bit_equal():
+    """The fallback code paths (no AVX2, no VNNI), compiled for a generic x86-64 CPU in a subprocess."""
+    import os
+    import subprocess
+    import sys
+    repo = Path(__file__).parents[2]
+    env = dict(os.environ, NUMBA_CPU_NAME="generic",
+               PYTHONPATH=os.pathsep.join([str(repo), str(repo / "test" / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", _GENERIC_CHECK], cwd=repo, env=env, capture_output=True, text=True,
+                            timeout=1800)
+    assert result.returncode == 0 and "generic ok" in result.stdout, result.stderr[-3000:]
