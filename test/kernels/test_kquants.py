@@ -31,6 +31,7 @@ MODEL_TENSORS = [(SMALL, "blk.0.attn_q.weight", Q5_0), (SMALL, "token_embd.weigh
                  (SMALL, "blk.2.ffn_down.weight", Q4_K), (SMALL, "blk.0.ffn_down.weight", Q6_K),
                  (LARGE, "token_embd.weight", Q4_K), (LARGE, "blk.0.attn_v.weight", Q6_K),
                  (LARGE, "output.weight", Q6_K)]
+MODEL_IDS = [f"{path.name.split('-')[2]}-{name}" for path, name, _ in MODEL_TENSORS]
 
 
 def _model_rows(path, name, rows):
@@ -68,7 +69,7 @@ def _x(tokens, length, seed):
 
 # ------------------------------------------------------------------ dequantizers vs gguf-py
 
-@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS, ids=[f"{p.name.split('-')[2]}-{n}" for p, n, _ in MODEL_TENSORS])
+@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS, ids=MODEL_IDS)
 def test_dequantize_equals_gguf_on_model_tensors(path, name, quant):
     raw, stored = _model_rows(path, name, 12)
     assert stored is quant
@@ -309,7 +310,7 @@ def test_kernels_bit_equal_to_llama_order_and_close_to_float64(quant, length, ro
     assert np.all(np.abs(out - ref) <= 1e-5 * scale + 1e-30)
 
 
-@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS[::2], ids=[f"{p.name.split('-')[2]}-{n}" for p, n, _ in MODEL_TENSORS[::2]])
+@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS[::2], ids=MODEL_IDS[::2])
 @pytest.mark.parametrize("tokens", [1, 9])
 def test_kernels_on_model_rows(path, name, quant, tokens):
     raw, _ = _model_rows(path, name, 19)                       # two row groups and a 3-row tail

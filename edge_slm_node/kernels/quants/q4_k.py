@@ -138,7 +138,8 @@ def _group_tile(w, xq, xd, bsums, out, t0, col):
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
-        e0, e1, e2, e3 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b]), splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
+        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b])
+        e2, e3 = splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
         for j in range(4):
             scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
             scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
@@ -194,7 +195,8 @@ def row_dot(row, xq, xd, bsums, per_pair):
                 scale, minimum = scale_min(row, base + 4, 2 * j + h)
                 isum = np.int32(0)
                 for i in range(32):
-                    isum += ((np.int32(row[base + 16 + 32 * j + i]) >> (4 * h)) & 15) * np.int32(xq[b * 256 + 64 * j + 32 * h + i])
+                    q = (np.int32(row[base + 16 + 32 * j + i]) >> (4 * h)) & 15
+                    isum += q * np.int32(xq[b * 256 + 64 * j + 32 * h + i])
                 s += scale * isum
                 m += minimum * pair_sum(bsums, b * 16 + 4 * j + 2 * h)
             if per_pair:

@@ -77,7 +77,8 @@ def _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, c):
         prefetch(w, (blocks + b) * GROUP_BLOCK_BYTES + 44 * c)   # the next group, over the 4 passes
         d, bits = load_halves_as_f32(w, base), load_i8x32(w, base + 16)
         q = load_i8x32(w, base + 48 + 32 * c)
-        low, high = bits_or(low_nibbles(q), fifth_bits(bits, 2 * c)), bits_or(high_nibbles(q), fifth_bits(bits, 2 * c + 1))
+        low = bits_or(low_nibbles(q), fifth_bits(bits, 2 * c))
+        high = bits_or(high_nibbles(q), fifth_bits(bits, 2 * c + 1))
         at = b * 32 + 4 * c
         dd = mul(d, splat_f32(xd[t0, b]))
         lo0, hi0 = fma(dd, _lane5(low, x0, o0, at), lo0), fma(dd, _lane5(high, x0, o0, at + 16), hi0)
