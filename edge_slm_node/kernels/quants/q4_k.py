@@ -12,7 +12,10 @@ T - T % 4 tokens; the rest go through the gemv). Both sum, per weight row, exact
 into acc = fma(float(S), d * d_x, acc), accm = fma(float(M), dmin * d_x, accm) and return
 acc - accm; the gemv does it once per super-block, the gemm once per pair of sub-blocks
 (4 per super-block). The kernels here take the same split of tokens and the same order,
-so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same rule.
+so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same rule (llama.cpp
+itself would not repack a matrix with rows % 8 != 0: its vec_dot order then, not emulated).
+The sub-block dots are vpdpbusd where the CPU has VNNI (high nibbles as q & 0xF0, i.e. 16x,
+undone after the scale multiply: exact); a gemm tile of 4 tokens unpacks each chunk once.
 """
 import numpy as np
 from numba import njit
