@@ -40,6 +40,7 @@ def pack(raw: np.ndarray) -> tuple:
 
 @njit(cache=True, inline="always")
 def _prepare(x, scratch):
+    """x (T, K) -> its activations for this type, quantized into scratch (see the module docstring)."""
     num_tokens, length = x.shape
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // 32)
@@ -135,6 +136,7 @@ def _group_one(w, xq, offsets, xd, out, t, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, offsets, xd = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4
@@ -149,6 +151,7 @@ def _groups(first, last, packed, acts, outs, part_ends):
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
+    """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
     xq, offsets, xd = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
