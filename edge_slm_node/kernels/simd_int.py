@@ -1,7 +1,8 @@
 """Integer SIMD primitives of the quantized dot products: byte loads and broadcasts, nibbles,
-pairwise multiply-adds (pmaddubsw / pmaddwd on AVX2, the same semantics as generic LLVM vector
-code elsewhere). All sums are exact for the value ranges used: nibble (0..15) x int8 pairs
-<= 2*15*128 in int16, int8 x int8 pairs in int32.
+bit fields, pairwise multiply-adds (pmaddubsw / pmaddwd on AVX2) and 4-byte dot products
+(vpdpbusd with VNNI), the same semantics as generic LLVM vector code elsewhere. All sums are
+exact for the value ranges used: unsigned weights (4-, 5-, 6-bit: <= 63) x int8 pairs <= 2*63*128
+in int16, int8 x int8 pairs and every 4-byte dot in int32.
 Note: numba's cache does not notice edits to this file; setup.sh clears it when kernels/ changes.
 """
 from llvmlite import ir

@@ -30,6 +30,7 @@ MODEL_TENSORS = [(SMALL, "blk.0.attn_q.weight", Q5_0), (SMALL, "token_embd.weigh
                  (SMALL, "blk.2.ffn_down.weight", Q4_K), (SMALL, "blk.0.ffn_down.weight", Q6_K),
                  (LARGE, "token_embd.weight", Q4_K), (LARGE, "blk.0.attn_v.weight", Q6_K),
                  (LARGE, "output.weight", Q6_K)]
+MODEL_IDS = [f"{path.name.split('-')[2]}-{name}" for path, name, _ in MODEL_TENSORS]
 
 
 def _model_rows(path, name, rows):
@@ -67,7 +68,7 @@ def _x(tokens, length, seed):
 
 # ------------------------------------------------------------------ dequantizers vs gguf-py
 
-@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS, ids=[f"{p.name.split('-')[2]}-{n}" for p, n, _ in MODEL_TENSORS])
+@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS, ids=MODEL_IDS)
 def test_dequantize_equals_gguf_on_model_tensors(path, name, quant):
     raw, stored = _model_rows(path, name, 12)
     assert stored is quant
@@ -308,7 +309,7 @@ def test_kernels_bit_equal_to_llama_order_and_close_to_float64(quant, length, ro
     assert np.all(np.abs(out - ref) <= 1e-5 * scale + 1e-30)
 
 
-@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS[::2], ids=[f"{p.name.split('-')[2]}-{n}" for p, n, _ in MODEL_TENSORS[::2]])
+@pytest.mark.parametrize("path,name,quant", MODEL_TENSORS[::2], ids=MODEL_IDS[::2])
 @pytest.mark.parametrize("tokens", [1, 9])
 def test_kernels_on_model_rows(path, name, quant, tokens):
     raw, _ = _model_rows(path, name, 19)                       # two row groups and a 3-row tail
@@ -423,3 +424,31 @@ def test_gguf_file_with_an_unsupported_type_is_rejected_by_name(tmp_path):
     writer.close()
     with pytest.raises(GGUFError, match=r"'blk\.0\.ffn_down\.weight' is stored as Q3_K.*supported: .*Q4_K"):
         GGUFFile(str(path))
+
+
+_GENERIC_CHECK = """
+import numpy as np
+from test_kquants import Activations, NEW_TYPES, _apply, _random_rows, _x, llama_reference
+from edge_slm_node.model.linear import Linear
+for quant in NEW_TYPES:
+    length = 512 if quant.block_size == 256 else 224
+    for rows, tokens in ((13, 1), (21, 9)):
+        raw, x = _random_rows(quant, rows, length, seed=rows), _x(tokens, length, seed=tokens)
+        for parallel in (False, True):
+            out = _apply(Linear("w", raw, quant, length), x, parallel)
+            assert np.array_equal(out, llama_reference(raw, quant, Activations(x, quant))), (quant.name, rows, tokens)
+print("generic ok")
+"""
+
+
+def test_generic_vector_code_without_avx2_or_vnni_is_bit_equal():
+    """The fallback code paths (no AVX2, no VNNI), compiled for a generic x86-64 CPU in a subprocess."""
+    import os
+    import subprocess
+    import sys
+    repo = Path(__file__).parents[2]
+    env = dict(os.environ, NUMBA_CPU_NAME="generic",
+               PYTHONPATH=os.pathsep.join([str(repo), str(repo / "test" / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", _GENERIC_CHECK], cwd=repo, env=env, capture_output=True, text=True,
+                            timeout=1800)
+    assert result.returncode == 0 and "generic ok" in result.stdout, result.stderr[-3000:]

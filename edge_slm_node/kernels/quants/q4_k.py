@@ -12,7 +12,10 @@ T - T % 4 tokens; the rest go through the gemv). Both sum, per weight row, exact
 into acc = fma(float(S), d * d_x, acc), accm = fma(float(M), dmin * d_x, accm) and return
 acc - accm; the gemv does it once per super-block, the gemm once per pair of sub-blocks
 (4 per super-block). The kernels here take the same split of tokens and the same order,
-so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same rule.
+so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same rule (llama.cpp
+itself would not repack a matrix with rows % 8 != 0: its vec_dot order then, not emulated).
+The sub-block dots are vpdpbusd where the CPU has VNNI (high nibbles as q & 0xF0, i.e. 16x,
+undone after the scale multiply: exact); a gemm tile of 4 tokens unpacks each chunk once.
 """
 import numpy as np
 from numba import njit
@@ -138,7 +141,8 @@ def _group_tile(w, xq, xd, bsums, out, t0, col):
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
-        e0, e1, e2, e3 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b]), splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
+        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b])
+        e2, e3 = splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
         for j in range(4):
             scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
             scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
@@ -156,6 +160,7 @@ def _group_tile(w, xq, xd, bsums, out, t0, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4
@@ -170,6 +175,7 @@ def _groups(first, last, packed, acts, outs, part_ends):
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
+    """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
     xq, xd, bsums = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
@@ -194,7 +200,8 @@ def row_dot(row, xq, xd, bsums, per_pair):
                 scale, minimum = scale_min(row, base + 4, 2 * j + h)
                 isum = np.int32(0)
                 for i in range(32):
-                    isum += ((np.int32(row[base + 16 + 32 * j + i]) >> (4 * h)) & 15) * np.int32(xq[b * 256 + 64 * j + 32 * h + i])
+                    q = (np.int32(row[base + 16 + 32 * j + i]) >> (4 * h)) & 15
+                    isum += q * np.int32(xq[b * 256 + 64 * j + 32 * h + i])
                 s += scale * isum
                 m += minimum * pair_sum(bsums, b * 16 + 4 * j + 2 * h)
             if per_pair:

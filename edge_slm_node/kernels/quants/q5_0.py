@@ -40,6 +40,7 @@ def pack(raw: np.ndarray) -> tuple:
 
 @njit(cache=True, inline="always")
 def _prepare(x, scratch):
+    """x (T, K) -> its activations for this type, quantized into scratch (see the module docstring)."""
     num_tokens, length = x.shape
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // 32)
@@ -77,7 +78,8 @@ def _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, c):
         prefetch(w, (blocks + b) * GROUP_BLOCK_BYTES + 44 * c)   # the next group, over the 4 passes
         d, bits = load_halves_as_f32(w, base), load_i8x32(w, base + 16)
         q = load_i8x32(w, base + 48 + 32 * c)
-        low, high = bits_or(low_nibbles(q), fifth_bits(bits, 2 * c)), bits_or(high_nibbles(q), fifth_bits(bits, 2 * c + 1))
+        low = bits_or(low_nibbles(q), fifth_bits(bits, 2 * c))
+        high = bits_or(high_nibbles(q), fifth_bits(bits, 2 * c + 1))
         at = b * 32 + 4 * c
         dd = mul(d, splat_f32(xd[t0, b]))
         lo0, hi0 = fma(dd, _lane5(low, x0, o0, at), lo0), fma(dd, _lane5(high, x0, o0, at + 16), hi0)
@@ -134,6 +136,7 @@ def _group_one(w, xq, offsets, xd, out, t, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, offsets, xd = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4
@@ -148,6 +151,7 @@ def _groups(first, last, packed, acts, outs, part_ends):
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
+    """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
     xq, offsets, xd = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]

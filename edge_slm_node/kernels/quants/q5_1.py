@@ -36,6 +36,7 @@ def pack(raw: np.ndarray) -> tuple:
 
 @njit(cache=True, inline="always")
 def _prepare(x, scratch):
+    """x (T, K) -> its activations for this type, quantized into scratch (see the module docstring)."""
     num_tokens, length = x.shape
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // 32)
@@ -79,6 +80,7 @@ def _group_one(w, xq, xd, xs, out, t, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, xs = acts
     for i in range(first, last):
         part, col = locate(part_ends, i)
@@ -89,6 +91,7 @@ def _groups(first, last, packed, acts, outs, part_ends):
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
+    """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
     xq, xd, xs = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]

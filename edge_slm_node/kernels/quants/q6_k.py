@@ -214,6 +214,7 @@ def _group_tiled4(w, xq, xd, bsums, out, t0, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums = acts
     num_tokens = xd.shape[0]
     tiled = num_tokens >= TILED_MIN_TOKENS
@@ -232,6 +233,7 @@ def _groups(first, last, packed, acts, outs, part_ends):
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
+    """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
     xq, xd, bsums = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
