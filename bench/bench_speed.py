@@ -179,7 +179,7 @@ def machine():
 def commit():
     def git(*a):
         return subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True, env=clean_env()).stdout.strip()
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
     return git("rev-parse", "--short", "HEAD") + ("-dirty" if dirty else "")
 
 
@@ -301,6 +301,12 @@ def notes(invocation):
         bench = median_of(runs, "llama-bench", "clean", key)
         if python and bench:
             out.append(f"reference check, {label}: llama-cpp-python / llama-bench = {python / bench:.2f}")
+    forward = median_of(runs, "ours", "clean", "decode_forward_tps")
+    if forward is not None:
+        out.append(f"ours, timed by wall clock from the first token to the last (as the llama-cpp-python loop is "
+                   f"timed); the engine's forward passes alone: decode {forward:.1f} tok/s, prefill "
+                   f"{median_of(runs, 'ours', 'clean', 'prefill_forward_tps'):.1f} tok/s, 4-session aggregate "
+                   f"{median_of(runs, 'ours', 'clean', 'aggregate4_forward_tps'):.1f} tok/s")
     overhead = median_of(runs, "llama-cpp-python", "clean", "decode_overhead_ms")
     decode = median_of(runs, "llama-cpp-python", "clean", "decode_tps")
     if overhead is not None and decode:
