@@ -33,7 +33,7 @@ _esn_prepend() {
 
 export VIRTUAL_ENV="$_esn_venv"
 _esn_prepend PATH "$_esn_venv/bin"
-# launch_ros imports composition_interfaces, built by setup.sh step 7 when the ROS 2 tools are there
+# launch_ros imports composition_interfaces, built by setup.sh step 8 when the ROS 2 tools are there
 _esn_iface="$EDGE_SLM_ROOT/install/composition_interfaces"
 if [ -d "$_esn_iface" ]; then
     _esn_prepend AMENT_PREFIX_PATH "$_esn_iface"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up (idempotent) and starts the node with the bundled model and config/edge_slm.yaml.
 #   bash scripts/run.sh [launch arguments, e.g. namespace:=cell3 log_level:=debug]
-# Through `ros2 launch edge_slm_node edge_slm.launch.py` when launch_ros is installed (setup.sh step 7),
+# Through `ros2 launch edge_slm_node edge_slm.launch.py` when launch_ros is installed (setup.sh step 8),
 # else the node's own entry (then extra arguments are ROS arguments: --ros-args ...).
 # Then, in another terminal:  . scripts/env.sh && edge_slm_client --session cell3 "Why is spindle 2 alarming?"
 set -euo pipefail

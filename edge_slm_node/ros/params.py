@@ -53,7 +53,7 @@ PARAMETERS = {
     "guard_zones": _S(False, "debug: canary bytes after every KV block and buffer, checked after every step; "
                              "an overwrite ends the process (exit 3) naming the buffer"),
     "qos_depth": _S(50, "queue depth of command / tokens topics", 1, 10000),
-    "service_queue_depth": _S(1000, "requests each session service holds (keep-last: a burst beyond is lost)",
+    "service_queue_depth": _S(1000, "replies each session service keeps for slow clients (requests: keep-all)",
                               1, 100000),
     "service_rate_limit_hz": _S(50.0, "session service calls per second (all services); beyond: an error, "
                                       "in (0, 100000]", 0.0, 100000.0, True),

@@ -21,6 +21,11 @@ M_ARENA_MAX = -8           # glibc mallopt parameter
 PROFILE_FILE = "fastdds_memory.xml"
 
 
+def own_profile_loaded() -> bool:
+    """Whether this process runs with config/fastdds_memory.xml (not a profile file of the user's)."""
+    return os.environ.get("FASTDDS_DEFAULT_PROFILES_FILE") == os.path.join(config_dir(), PROFILE_FILE)
+
+
 def configure_process_memory() -> list[str]:
     """Apply both settings unless the user configured them; -> what was applied (for the log)."""
     applied = []

@@ -10,6 +10,7 @@ from ..engine.engine import UnknownSessionError
 from ..engine.sampling import InvalidRequestError
 from . import convert
 from .guard import RateLimiter, guarded_service, rate_limited
+from .process_memory import own_profile_loaded
 
 SERVICE_TYPES = {"create_session": CreateSession, "destroy_session": DestroySession,
                  "reset_session": ResetSession, "cancel_generation": CancelGeneration}
@@ -17,21 +18,34 @@ SERVICE_TYPES = {"create_session": CreateSession, "destroy_session": DestroySess
 
 def create_session_services(node, gate, callback_group, queue_depth: int, rate_limit_hz: float) -> RateLimiter:
     """The four services, guarded and rate limited together; -> their limiter (its rate can change).
-
-    Each answers every request it takes, an error when over the rate limit. Their queues are
-    keep-last queue_depth: rclpy gives a service one QoS for its request reader and its response
-    writer, and Fast DDS sends a service's responses to every client of it, so with keep-all one
-    client that stops reading (a hung process with thousands of calls in flight) fills the
-    writer's history and every later answer, to every client, fails to send (measured:
-    test_hung_client_does_not_silence_the_services). Keep-last never blocks on a reader; a client
-    that fires more than queue_depth calls faster than the node takes them loses the excess."""
-    qos = QoSProfile(depth=queue_depth, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE)
+    Each answers every request it takes, an error when over the rate limit."""
+    qos = session_service_qos(queue_depth, node.get_logger())
     limiter = RateLimiter(rate_limit_hz)
     log = node.get_logger()
     for name, handler in SessionServices(node, gate).handlers().items():
         node.create_service(SERVICE_TYPES[name], name, guarded_service(log, name, rate_limited(limiter, name, handler)),
                             qos_profile=qos, callback_group=callback_group)
     return limiter
+
+
+def session_service_qos(queue_depth: int, logger) -> QoSProfile:
+    """Requests keep-all, replies keep-last queue_depth.
+
+    Fast DDS sends a service's replies to every client of it, so a keep-all reply writer blocks
+    on the slowest reader: one hung client with thousands of replies unread made every later
+    answer, to every client, fail to send (test_hung_client_does_not_silence_the_services).
+    Requests stay keep-all so that a flood gets back-pressure instead of pushing other clients'
+    calls out. rclpy gives both one QoS, so their kinds come from the node's Fast DDS profile
+    (config/fastdds_memory.xml, "service"); under a profile of the user's both are keep-all and
+    the hang protection is lost (logged)."""
+    if own_profile_loaded():
+        history = HistoryPolicy.SYSTEM_DEFAULT          # the kinds from the profile; depth: the replies kept
+    else:
+        history = HistoryPolicy.KEEP_ALL
+        logger.warning("a Fast DDS profile of your own is loaded: the session services keep all replies, so "
+                       "one client that stops reading them can block their answers; give requests keep-all "
+                       "and replies keep-last (see config/fastdds_memory.xml)")
+    return QoSProfile(depth=queue_depth, history=history, reliability=ReliabilityPolicy.RELIABLE)
 
 
 class SessionServices:

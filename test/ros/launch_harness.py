@@ -17,7 +17,7 @@ DISCOVERY_SPIN_S = (2.0, 3.0, 5.0, 8.0)    # longer on each try
 
 
 def ros2_missing_reason() -> str:
-    """'' when `ros2 launch` and the ros2 CLI are installed (scripts/setup.sh step 7), else why not."""
+    """'' when `ros2 launch` and the ros2 CLI are installed (scripts/setup.sh step 8), else why not."""
     if shutil.which("ros2") is None:
         return "no `ros2` on PATH: scripts/setup.sh installs it from ../shared/ros2-src (or a ROS 2 distribution)"
     try:

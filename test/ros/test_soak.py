@@ -14,10 +14,9 @@ def test_short_soak(ros_env_module):
     assert report["requests"] >= 20, report
     assert report["missing_final"] == [] and report["duplicate_final"] == [], report
     hostile = report["hostile"]
-    assert len(hostile["runs"]) >= 5 and hostile["commands"] > 100, hostile     # the first five modes ran
+    assert len(hostile["runs"]) >= 5 and hostile["commands"] > 100, hostile     # the first five modes ran (hung: in longer runs)
     assert hostile["missing_final"] == [] and hostile["duplicate_final"] == [], hostile
-    assert hostile["service_calls"] == hostile["service_answers"] > 100, hostile   # the paced calls (race)
-    assert hostile["flood_answers"] > 1000, hostile              # slots (hung comes 6th, in longer runs)
+    assert hostile["service_calls"] == hostile["service_answers"] > 100, hostile
     assert report["drains"] >= 3                  # each drain asserted used blocks == idle baseline
     assert report["log_problems"] == [], report["log_problems"]
     assert report["node_exit_code"] == 0

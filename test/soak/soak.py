@@ -5,9 +5,9 @@ processes, with the checks an operator cares about.
 
     . scripts/env.sh && python test/soak/soak.py --minutes 30 --sessions 8 [--no-hostile]
 Every drain (all sessions destroyed, hostile clients paused) checks used blocks == idle baseline;
-at the end: every honest and every hostile command got exactly one final chunk, every paced hostile
-service call an answer (the flooding modes' calls beyond service_queue_depth are lost by design), the
-honest operators' calls answered while a client hangs, the honest first-token times, the resident memory slope after warm-up,
+at the end: every honest and every hostile command got exactly one final chunk, every hostile
+service call an answer (except the slots and hung clients': they call faster than they read, and
+lose their own replies beyond service_queue_depth), the honest operators' calls answered meanwhile, the honest first-token times, the resident memory slope after warm-up,
 no traceback or error in the log.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from node_harness import NodeProcess, RosClient, write_params   # noqa: E402
 
 HOSTILE = HERE.parent / "ros" / "hostile_client.py"
 HOSTILE_MODES = ["race", "inject", "oversized", "flood", "slots", "hung"]
-FLOOD_MODES = {"slots", "hung"}   # calls faster than the node takes them: beyond service_queue_depth they are lost
+UNREAD_MODES = {"slots", "hung"}   # call faster than they read: replies beyond service_queue_depth are theirs to lose
 HOSTILE_RUN_S = 15.0
 
 QUESTIONS = ["Why is spindle 2 alarming?", "Shut off valve three.", "What does G28 do?", "Home the Z axis.",
@@ -163,11 +163,10 @@ class Soak:
                 "hostile": {"runs": [r["mode"] for r in self.hostile_runs], "commands": len(hostile_sent),
                             "missing_final": [r for r in hostile_sent if finals.get(r, 0) == 0][:20],
                             "duplicate_final": [r for r in hostile_sent if finals.get(r, 0) > 1][:20],
-                            "service_calls": sum(r["calls"] for r in self.hostile_runs if r["mode"] not in FLOOD_MODES),
+                            "service_calls": sum(r["calls"] for r in self.hostile_runs if r["mode"] not in UNREAD_MODES),
                             "service_answers": sum(r["answers"] for r in self.hostile_runs
-                                                   if r["mode"] not in FLOOD_MODES),
-                            "flood_calls": sum(r["calls"] for r in self.hostile_runs if r["mode"] in FLOOD_MODES),
-                            "flood_answers": sum(r["answers"] for r in self.hostile_runs if r["mode"] in FLOOD_MODES)},
+                                                   if r["mode"] not in UNREAD_MODES),
+                            "unread_calls": sum(r["calls"] for r in self.hostile_runs if r["mode"] in UNREAD_MODES)},
                 "baseline_used_blocks": baseline, "rss_slope_mib_per_hour": self.rss_slope()}
 
     def tend_hostile(self, stop: bool) -> bool:
