@@ -21,6 +21,7 @@ from ..model.load_progress import LoadProgress
 from ..model.loader import LoadedModel, load_model
 from ..model.utf8_stream import Utf8StreamDecoder
 from .config import ConfigError, EngineConfig
+from .constraint import ConstraintCompiler
 from .guard_check import GuardZoneError, blocks_written, guard_breach
 from .memory_lock import lock_arrays
 from .model_runner import ModelRunner
@@ -66,6 +67,7 @@ class Engine:
         self.sessions = SessionTable(config, self.max_context, self.prompts, self.prefix_ids)
         self.scheduler = Scheduler(config, self.kv, self.sessions.by_id, self.max_context, self.prompts.build,
                                    self.prefix_ids)
+        self.constraints = ConstraintCompiler(self.tokenizer)
         self.post = Postprocessor(self.kv, self.tokenizer, self.sessions.by_id, self.scheduler, self.max_context)
         self._ids = itertools.count(1)
         self.steps = 0                          # steps that ran the model
@@ -134,8 +136,9 @@ class Engine:
         create_if_missing: an unknown session is created (with the shared prompt) in the same
         locked step, after the request has been validated, so a rejected first command leaves
         nothing behind and no other call can see the session without its request."""
+        params = params.validate(self.config.max_new_tokens_limit)
+        constraint = self.constraints.for_params(params)    # compiled outside the lock (GIL-free, ~1 ms)
         with self._lock:
-            params = params.validate(self.config.max_new_tokens_limit)
             if not isinstance(text, str) or not text.strip():
                 raise InvalidRequestError("empty prompt: text has no non-whitespace character")
             if len(text) > self.config.max_input_chars:
@@ -150,7 +153,7 @@ class Engine:
                 held = "" if owned else " for sessions without an owner_key"
                 raise InvalidRequestError(f"engine queue full{held} ({len(queue)} requests waiting, "
                                           f"max_queued_requests={self.config.max_queued_requests})")
-            cost = held_bytes(text, params)
+            cost = held_bytes(text, params, constraint)
             held = sum(r.held_bytes for r in queue)
             if held + cost > self.config.max_queued_bytes:
                 raise InvalidRequestError(f"queued requests hold {held} bytes and this one {cost}; limit "
@@ -166,7 +169,7 @@ class Engine:
                                           f"(max_pending_per_session={self.config.max_pending_per_session})")
             request = Request(next(self._ids), session_id, text, params, raw, on_event,
                               Sampler(params), Utf8StreamDecoder(self.tokenizer), StopStringMatcher(params.stop),
-                              held_bytes=cost)
+                              held_bytes=cost, constraint=constraint)
             self.scheduler.add(request)
             session.touch()
             return request

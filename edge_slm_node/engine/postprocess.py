@@ -43,6 +43,10 @@ class Postprocessor:
                 row += 1
 
     def accept_token(self, request: Request, logits) -> None:
+        constraint = request.constraint
+        if constraint is not None and not constraint.mask_logits(logits):
+            self.finish(request, FinishReason.ERROR, f"{constraint.kind} constraint failed: {constraint.error}")
+            return
         token = request.sampler.sample(logits, request.generated_ids)
         if request.first_token_at is None:
             request.first_token_at = time.monotonic()
@@ -50,13 +54,17 @@ class Postprocessor:
         if not params.ignore_eos and self.tokenizer.is_eog(token):
             self.finish(request, FinishReason.STOP)
             return
+        if constraint is not None and not constraint.advance(token):
+            self.finish(request, FinishReason.ERROR, f"{constraint.kind} constraint refused token {token}: "
+                                                     f"{constraint.error}")
+            return
         request.generated_ids.append(token)
         request.next_token = token
         text, stopped = request.stop_matcher.feed(request.decoder.feed(token))
         if text:
             request.text_out += text
             self._emit(request, text)
-        if stopped:
+        if stopped or (constraint is not None and constraint.complete):
             self.finish(request, FinishReason.STOP)
         elif len(request.generated_ids) >= params.max_new_tokens:
             self.finish(request, FinishReason.LENGTH)
