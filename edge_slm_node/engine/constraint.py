@@ -111,6 +111,11 @@ class ConstraintCompiler:
             return self.compile(grammar, "grammar")
         return None
 
+    @staticmethod
+    def lark(text: str) -> str:
+        """A Lark grammar written by the engine itself (tools) -> an llguidance grammar."""
+        return llguidance.LLMatcher.grammar_from_lark(text)
+
     def compile(self, grammar: str, kind: str) -> Constraint:
         """An llguidance grammar (from grammar_from_*) -> a fresh Constraint."""
         llg_tokenizer = self.llg_tokenizer

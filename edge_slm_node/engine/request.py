@@ -82,6 +82,8 @@ class Request:
     events: list = field(default_factory=list)          # kept when on_event is None (sync use)
     held_bytes: int = 0                                 # memory its text and stop strings hold (queue budget)
     constraint: Optional[Constraint] = None             # masks its tokens (json_schema, grammar, tools)
+    role: str = "user"                                  # its turn's role: user, or tool (a tool's result)
+    tool_calls: list = field(default_factory=list)      # tools.ToolCall, when it ended with tool_calls
 
     @property
     def done(self) -> bool:
