@@ -74,3 +74,32 @@ def test_bad_schema_or_grammar_gets_one_error_chunk_and_creates_nothing(node_cli
     assert answer_of(c.wait_done(request_id + 1))[1].finish_reason in ("stop", "length")
     assert c.call("destroy_session", session_id="after-bad").success
     assert c.wait_pool(lambda p: not p.sessions, "no sessions left").used_blocks == before.used_blocks
+
+
+def test_generate_goal_with_a_schema_succeeds_with_a_valid_document(node_client):
+    from action_msgs.msg import GoalStatus
+    from rclpy.action import ActionClient
+
+    from edge_slm_node.action import Generate
+
+    c = node_client
+    actions = ActionClient(c.node, Generate, "generate")
+    c.spin_until(actions.server_is_ready, 30, "the generate action server")
+    results = {}
+    for name, goal in [("schema", Generate.Goal(session_id="goal-json", text="Shut off valve three.",
+                                                 max_new_tokens=100, temperature=1.0, seed=5,
+                                                 json_schema=json.dumps(VALVE_SCHEMA))),
+                       ("bad", Generate.Goal(session_id="goal-bad", text="Shut off valve three.",
+                                              grammar="start: missing_rule"))]:
+        sent = actions.send_goal_async(goal)
+        c.spin_until(sent.done, 30, "the goal response")
+        assert sent.result().accepted
+        future = sent.result().get_result_async()
+        c.spin_until(future.done, 300, "the goal result")
+        results[name] = future.result()
+    assert results["schema"].status == GoalStatus.STATUS_SUCCEEDED
+    assert results["schema"].result.finish_reason == "stop"
+    jsonschema.validate(json.loads(results["schema"].result.text), VALVE_SCHEMA)
+    assert results["bad"].status == GoalStatus.STATUS_ABORTED and "missing_rule" in results["bad"].result.error
+    assert c.call("destroy_session", session_id="goal-json").success
+    actions.destroy()
