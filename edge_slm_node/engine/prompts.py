@@ -22,8 +22,8 @@ class PromptBuilder:
         """The system turn alone (what sessions with this prompt share)."""
         return self.chat_prompt.ids([{"role": "system", "content": system_prompt}], add_generation_prompt=False)
 
-    def turn(self, session: Session, text: str) -> list:
-        messages = list(session.messages) + [{"role": "user", "content": text}]
+    def turn(self, session: Session, text: str, role: str = "user") -> list:
+        messages = list(session.messages) + [{"role": role, "content": text}]
         if session.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": session.system_prompt})
         return self.chat_prompt.ids(messages, add_generation_prompt=True)
@@ -33,7 +33,7 @@ class PromptBuilder:
         if request.raw:                      # the text as is, control tokens parsed (CLI only)
             bos = [self.tokenizer.bos_id] if not history and self.tokenizer.add_bos_default else []
             return history + bos + self.tokenizer.encode(request.text)
-        ids = self.turn(session, request.text)
+        ids = self.turn(session, request.text, request.role)
         if self.drop_oldest:
             ids = self._drop_oldest_turns(request, session, ids)
         return ids
@@ -47,7 +47,7 @@ class PromptBuilder:
         while len(ids) + room > self.max_context and len(session.messages) >= 2:
             del session.messages[:2]
             dropped += 1
-            ids = self.turn(session, request.text)
+            ids = self.turn(session, request.text, request.role)
         if dropped:
             log.info("session %r: dropped its %d oldest turn(s) to fit max_context_tokens=%d (context_overflow="
                      "drop_oldest); prompt now %d tokens", session.session_id, dropped, self.max_context, len(ids))

@@ -24,6 +24,7 @@ class Session:
     owner_key: str = ""                 # set: every call on the session must carry it
     auto_created: bool = False          # made by a command for an unknown id, not by create_session
     messages: list = field(default_factory=list)
+    pending_tool_calls: dict = field(default_factory=dict)   # call_id -> tool name, until its result comes
     last_used: float = field(default_factory=time.monotonic)
 
     def touch(self) -> None:

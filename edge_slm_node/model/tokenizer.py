@@ -266,6 +266,15 @@ class Tokenizer:
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 
+    @property
+    def special_ids(self) -> frozenset:
+        """Control / unknown token ids (never produced by encoding text with parse_special False)."""
+        return self._special_ids
+
+    def all_token_bytes(self) -> list[bytes]:
+        """Every token's raw bytes, indexed by id (control tokens as their text)."""
+        return list(self._token_bytes)
+
     def __repr__(self) -> str:
         return (
             f"Tokenizer(pre={self.pre!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
