@@ -154,6 +154,15 @@ def add_in_place(x, y):
 
 
 @njit(cache=True, nogil=True)
+def scale_in_place(x, factor):
+    """x (T, n) *= factor (float32; ggml_scale)."""
+    num_tokens, n = x.shape
+    for t in range(num_tokens):
+        for i in range(n):
+            x[t, i] *= factor
+
+
+@njit(cache=True, nogil=True)
 def add_bias(x, bias):
     """x (T, n) += bias (n,)."""
     num_tokens, n = x.shape

@@ -26,6 +26,14 @@ class LayerWeights:
     gate: Linear          # (intermediate, hidden)
     up: Linear            # (intermediate, hidden)
     down: Linear          # (hidden, intermediate)
+    q_norm: Optional[np.ndarray] = None          # (head_dim,) f32, per-head RMSNorm weights (gemma3)
+    k_norm: Optional[np.ndarray] = None
+    post_attn_norm: Optional[np.ndarray] = None  # (hidden,) f32, on the attention output (gemma3)
+    post_ffn_norm: Optional[np.ndarray] = None   # (hidden,) f32, on the FFN output (gemma3)
+
+    def norms(self) -> list:
+        return [n for n in (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
+                            self.post_ffn_norm) if n is not None]
 
 
 @dataclass
@@ -47,7 +55,7 @@ class ModelWeights:
         if self.output.raw is not self.embedding_raw:
             total += self.output.raw.nbytes
         total += sum(linear.raw.nbytes for linear in self.layer_linears())
-        return total + sum(layer.attn_norm.nbytes + layer.ffn_norm.nbytes for layer in self.layers)
+        return total + sum(norm.nbytes for layer in self.layers for norm in layer.norms())
 
 
 def _tensor(gguf: GGUFFile, name: str, expected_shape: tuple[int, ...]):
@@ -108,6 +116,12 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, progress=None) -> ModelWei
         ))
         if config.has_qkv_bias and layers[-1].q_bias is None:
             raise GGUFError(f"{gguf.path}: {config.architecture} needs tensor {prefix + 'attn_q.bias'!r}, missing")
+        if config.has_qk_norm:           # RMSNorm weights as stored: gemma3's converter already added the 1
+            layers[-1].q_norm = _vector(gguf, prefix + "attn_q_norm.weight", config.head_dim)
+            layers[-1].k_norm = _vector(gguf, prefix + "attn_k_norm.weight", config.head_dim)
+        if config.has_post_norms:
+            layers[-1].post_attn_norm = _vector(gguf, prefix + "post_attention_norm.weight", hidden)
+            layers[-1].post_ffn_norm = _vector(gguf, prefix + "post_ffw_norm.weight", hidden)
         done_mb += matrix_mb[i]
         if progress is not None:
             progress("repack", done_mb, total_mb, "MB")
