@@ -100,8 +100,9 @@ def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.
     return path
 
 
-def reference_logits(path, token_ids):
-    """Float64 NumPy forward over the whole sequence (no cache); -> logits (T, vocab)."""
+def reference_logits(path, token_ids, window=None):
+    """Float64 NumPy forward over the whole sequence (no cache); -> logits (T, vocab).
+    window: gemma3's sliding window (None = the file's; 0 = none, to show it matters)."""
     g = GGUFFile(str(path))
     arch = g.metadata["general.architecture"]
     meta = lambda key: g.metadata[f"{arch}.{key}"]
@@ -138,7 +139,8 @@ def reference_logits(path, token_ids):
         p = f"blk.{i}."
         local = gemma and i % g.metadata["gemma3.attention.sliding_window_pattern"] < \
             g.metadata["gemma3.attention.sliding_window_pattern"] - 1
-        mask = np.where(distance >= g.metadata["gemma3.attention.sliding_window"], -np.inf, causal) if local else causal
+        size = (g.metadata["gemma3.attention.sliding_window"] if window is None else window) if local else 0
+        mask = np.where(distance >= size, -np.inf, causal) if size else causal
         base = 10000.0 if local else meta("rope.freq_base")
         h = norm(x, w(p + "attn_norm.weight"))
         qv, kv, vv = h @ w(p + "attn_q.weight").T, h @ w(p + "attn_k.weight").T, h @ w(p + "attn_v.weight").T
