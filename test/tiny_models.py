@@ -1,10 +1,11 @@
-"""Write small random GGUF models (llama / qwen2 / gemma3 layouts, chosen quant types) for tests,
+"""Write small random GGUF models (llama / qwen2 / qwen3 / gemma3 layouts, chosen quant types) for tests,
 (quantized by gguf-py), and a plain NumPy reference forward that reads the same file through
 each type's NumPy dequantizer.
 
-gemma3 files get their own head_dim (key_length, not hidden / heads), a sliding window of
-GEMMA3_WINDOW positions on every layer but each GEMMA3_PATTERN-th, per-head q/k norms and the
-post-attention / post-FFN norms."""
+qwen3 and gemma3 files get their own head_dim (key_length, not hidden / heads) and per-head
+q/k norms; gemma3 files also a sliding window of
+GEMMA3_WINDOW positions on every layer but each GEMMA3_PATTERN-th and the post-attention /
+post-FFN norms."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,13 +26,15 @@ GEMMA3_PATTERN = 3
 
 
 def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.Q8_0, hidden=64,
-                     layers=2, heads=4, kv_heads=2, intermediate=96, tied=True, seed=0, context=512, head_dim=None):
+                     layers=2, heads=4, kv_heads=2, intermediate=96, tied=True, seed=0, context=512, head_dim=None,
+                     extra_metadata=None):
+    """extra_metadata: more keys (str, bool, int -> uint32, float -> float32) written after the usual ones."""
     rng = np.random.default_rng(seed)
     alphabet = sorted(byte_level_alphabet(), key=byte_level_alphabet().get)
     tokens = SPECIAL_TOKENS + alphabet + ["Ġt", "he", "Ġthe"]
     types = [TokenType.CONTROL] * len(SPECIAL_TOKENS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIAL_TOKENS))
     vocab = len(tokens)
-    head_dim = head_dim or (2 * hidden // heads if arch == "gemma3" else hidden // heads)
+    head_dim = head_dim or (2 * hidden // heads if arch in ("qwen3", "gemma3") else hidden // heads)
     writer = GGUFWriter(str(path), arch)
     writer.add_block_count(layers)
     writer.add_context_length(context)
@@ -42,9 +45,10 @@ def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.
     writer.add_rope_freq_base(1e6 if arch == "gemma3" else 10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(head_dim)
-    if arch == "gemma3":
+    if arch in ("qwen3", "gemma3"):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if arch == "gemma3":
         writer.add_sliding_window(GEMMA3_WINDOW)
         writer.add_uint32("gemma3.attention.sliding_window_pattern", GEMMA3_PATTERN)
     writer.add_tokenizer_model("gpt2")
@@ -56,6 +60,9 @@ def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML)
+    for key, value in (extra_metadata or {}).items():
+        add = {str: writer.add_string, bool: writer.add_bool, int: writer.add_uint32, float: writer.add_float32}
+        add[type(value)](key, value)
 
     def tensor(name, rows, cols, quant, scale=0.1):
         weights = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
@@ -82,9 +89,10 @@ def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.
             vector(p + "attn_v.bias", kv_heads * head_dim, 0.0)
         tensor(p + "attn_output.weight", hidden, heads * head_dim, weight_quant)
         vector(p + "ffn_norm.weight", hidden)
-        if arch == "gemma3":
+        if arch in ("qwen3", "gemma3"):
             vector(p + "attn_q_norm.weight", head_dim)
             vector(p + "attn_k_norm.weight", head_dim)
+        if arch == "gemma3":
             vector(p + "post_attention_norm.weight", hidden)
             vector(p + "post_ffw_norm.weight", hidden)
         tensor(p + "ffn_gate.weight", intermediate, hidden, weight_quant)
@@ -109,7 +117,7 @@ def reference_logits(path, token_ids, window=None):
     heads, kv_heads, hidden = meta("attention.head_count"), meta("attention.head_count_kv"), meta("embedding_length")
     head_dim, eps = g.metadata.get(f"{arch}.attention.key_length", hidden // heads), meta("attention.layer_norm_rms_epsilon")
     gemma = arch == "gemma3"
-    neox = arch in ("qwen2", "gemma3")
+    neox = arch in ("qwen2", "qwen3", "gemma3")
 
     def w(name):
         info = g.tensors[name]
@@ -147,7 +155,7 @@ def reference_logits(path, token_ids, window=None):
         if arch == "qwen2":
             qv, kv, vv = qv + w(p + "attn_q.bias"), kv + w(p + "attn_k.bias"), vv + w(p + "attn_v.bias")
         qh, kh = qv.reshape(T, heads, head_dim), kv.reshape(T, kv_heads, head_dim)
-        if gemma:
+        if arch in ("qwen3", "gemma3"):
             qh, kh = norm(qh, w(p + "attn_q_norm.weight")), norm(kh, w(p + "attn_k_norm.weight"))
         qh, kh = rope(qh, base), rope(kh, base)
         vh = vv.reshape(T, kv_heads, head_dim)

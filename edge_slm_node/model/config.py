@@ -7,7 +7,7 @@ import numpy as np
 
 from .gguf_file import GGUFError, GGUFFile
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 SUPPORTED_ROPE_SCALING = ("none",)
 GEMMA3_SWA_PATTERN = 6              # llama.cpp: every 6th layer is global, the others sliding-window
 GEMMA3_SWA_ROPE_BASE = 10000.0      # llama.cpp's rope_freq_base_train_swa default
@@ -27,12 +27,12 @@ class ModelConfig:
     rms_norm_eps: float
     context_length: int
     vocab_size: int
-    rope_neox: bool           # qwen2 and gemma3 rotate (i, i + d/2) pairs, llama adjacent pairs
+    rope_neox: bool           # qwen2, qwen3 and gemma3 rotate (i, i + d/2) pairs, llama adjacent pairs
     has_qkv_bias: bool
     # gemma3 (defaults: llama / qwen2)
     embedding_scale: float = 1.0       # token embeddings multiplied by this (float32) before layer 0
     activation: str = "silu"           # "silu" (SwiGLU) or "gelu" (GeGLU, tanh form)
-    has_qk_norm: bool = False          # per-head RMSNorm of q and k before RoPE
+    has_qk_norm: bool = False          # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     has_post_norms: bool = False       # RMSNorm of the attention and FFN outputs before each residual add
     query_scale: float = 1.0           # q multiplied by this (float32) after RoPE
     attention_scale: float = 0.0       # softmax scale of q.k; 0 = 1/sqrt(head_dim)
@@ -90,8 +90,9 @@ class ModelConfig:
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
             context_length=int(key("context_length")),
             vocab_size=vocab,
-            rope_neox=arch in ("qwen2", "gemma3"),
+            rope_neox=arch in ("qwen2", "qwen3", "gemma3"),
             has_qkv_bias=arch == "qwen2",
+            has_qk_norm=arch == "qwen3",
         )
         if arch == "gemma3":
             common.update(_gemma3(gguf, num_layers, hidden, num_heads, head_dim))

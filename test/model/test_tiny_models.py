@@ -1,4 +1,4 @@
-"""Our forward pass on small random GGUF files (llama, qwen2 and gemma3 layouts, several quant types)
+"""Our forward pass on small random GGUF files (llama, qwen2, qwen3 and gemma3 layouts, several quant types)
 against a float64 NumPy reference that reads the same file."""
 import numpy as np
 import pytest
@@ -30,7 +30,7 @@ def run_paged(model, token_ids, chunks, parallel=True):
     return np.concatenate(logits)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("weight_quant,embedding_quant,tolerance", [
     (q.F32, q.F32, 0.01), (q.F16, q.F16, 0.01), (q.Q8_0, q.Q8_0, 0.03), (q.Q4_0, q.Q8_0, 0.05),
     (q.Q4_1, q.Q8_0, 0.05), (q.Q4_1, q.Q4_1, 0.05)])
@@ -54,7 +54,7 @@ def test_chunked_prefill_equals_one_pass(tmp_path):
     np.testing.assert_array_equal(whole, pieces)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("weight_quant", [q.Q4_1, q.Q4_0, q.Q8_0, q.F16])
 def test_single_threaded_forward_equals_the_thread_pool_one(tmp_path, arch, weight_quant):
     """forward(parallel=False) runs every kernel on the calling thread, parallel=True the big ones
@@ -84,6 +84,13 @@ def test_gemma3_sliding_window_past_the_window_matches_numpy_reference(tmp_path,
     assert (ours.argmax(1) == expected.argmax(1)).mean() >= 0.9
     full_window = reference_logits(path, tokens, window=0)        # the window is not a no-op here
     assert np.abs(full_window - expected)[GEMMA3_WINDOW + 5:].max() > 10 * np.abs(ours - expected).max()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_unsupported_rope_scaling_is_named_with_what_is_supported(tmp_path, arch):
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, extra_metadata={f"{arch}.rope.scaling.type": "yarn"})
+    with pytest.raises(GGUFError, match=f"{arch}.rope.scaling.type = 'yarn' unsupported \\(supported: none"):
+        load_model(str(path))
 
 
 def test_forward_checks_the_context_before_the_kernels(tmp_path):
