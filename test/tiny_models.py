@@ -27,8 +27,9 @@ GEMMA3_PATTERN = 3
 
 def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.Q8_0, hidden=64,
                      layers=2, heads=4, kv_heads=2, intermediate=96, tied=True, seed=0, context=512, head_dim=None,
-                     extra_metadata=None):
-    """extra_metadata: more keys (str, bool, int -> uint32, float -> float32) written after the usual ones."""
+                     extra_metadata=None, rope_freqs=False):
+    """extra_metadata: more keys (str, bool, int -> uint32, float -> float32) written after the usual ones;
+    rope_freqs: a rope_freqs.weight tensor (Llama 3.x frequency factors, 1 .. 8 over the pairs)."""
     rng = np.random.default_rng(seed)
     alphabet = sorted(byte_level_alphabet(), key=byte_level_alphabet().get)
     tokens = SPECIAL_TOKENS + alphabet + ["Ġt", "he", "Ġthe"]
@@ -77,6 +78,8 @@ def write_tiny_model(path, arch="llama", weight_quant=q.Q4_1, embedding_quant=q.
         writer.add_tensor(name, (center + 0.1 * rng.standard_normal(length)).astype(np.float32))
 
     tensor("token_embd.weight", vocab, hidden, embedding_quant, scale=1.0)
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, head_dim // 2).astype(np.float32))
     for i in range(layers):
         p = f"blk.{i}."
         vector(p + "attn_norm.weight", hidden)
@@ -129,7 +132,7 @@ def reference_logits(path, token_ids, window=None):
 
     def rope(x, base):                                   # x (T, heads, head_dim)
         positions = np.arange(x.shape[0])[:, None]
-        theta = positions * base ** (-2.0 * np.arange(head_dim // 2) / head_dim)
+        theta = positions * base ** (-2.0 * np.arange(head_dim // 2) / head_dim) / factors
         cos, sin = np.cos(theta)[:, None], np.sin(theta)[:, None]
         a, b = (slice(0, head_dim // 2), slice(head_dim // 2, None)) if neox else (slice(0, None, 2), slice(1, None, 2))
         out = x.copy()
@@ -137,6 +140,7 @@ def reference_logits(path, token_ids, window=None):
         out[..., b] = x[..., a] * sin + x[..., b] * cos
         return out
 
+    factors = w("rope_freqs.weight") if "rope_freqs.weight" in g.tensors else 1.0
     T = len(token_ids)
     x = w("token_embd.weight")[token_ids]
     if gemma:

@@ -81,7 +81,7 @@ class Transformer:
         self.qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
         self.gate_up = [FusedLinear([l.gate, l.up]) for l in weights.layers]
         # one RoPE table per base: gemma3's sliding-window layers have their own
-        self.rope_tables = {base: ops.rope_tables(max_context, c.rotary_dims, base)
+        self.rope_tables = {base: ops.rope_tables(max_context, c.rotary_dims, base, weights.rope_freqs)
                             for base in {self._rope_base(i) for i in range(c.num_layers)}}
         self.layer_arrays = tuple(_layer_arrays(layer, qkv, gate_up, self.rope_tables[self._rope_base(i)],
                                                 c.layer_window(i))

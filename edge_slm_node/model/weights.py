@@ -43,6 +43,7 @@ class ModelWeights:
     output_norm: np.ndarray        # (hidden,) f32
     output: Linear        # (vocab, hidden); token_embd when tied
     layers: list
+    rope_freqs: Optional[np.ndarray] = None   # (rotary_dims/2,) f32: Llama 3.x RoPE frequency factors
 
     def layer_linears(self) -> list:
         """Every layer's weight matrices (q, k, v, o, gate, up, down of each layer, in order)."""
@@ -139,4 +140,5 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, progress=None) -> ModelWei
         output_norm=_vector(gguf, "output_norm.weight", hidden),
         output=output,
         layers=layers,
+        rope_freqs=_optional_vector(gguf, "rope_freqs.weight", config.rotary_dims // 2),
     )

@@ -1,5 +1,6 @@
-"""Small random qwen3 GGUFs (per-head q/k norm, no q/k/v bias, head_dim from key_length: 2x
-hidden / heads here) against llama.cpp: greedy ids and every step's logits.
+"""Small random GGUFs of what no real file here has, against llama.cpp: greedy ids and every step's
+logits. qwen3: per-head q/k norm, no q/k/v bias, head_dim from key_length (2x hidden / heads here);
+llama with Llama 3.x RoPE frequency factors (rope_freqs.weight).
 
 test/fixtures/llama_cpp_tiny_models.json was made by test/fixtures/make_tiny_llama_cpp_fixture.py
 (llama-cpp-python; provenance inside) from files test/tiny_models.py writes; each test writes its
@@ -53,7 +54,11 @@ def greedy(model, prompt_ids, count):
     return ids, np.array(rows[:-1])
 
 
-@pytest.mark.parametrize("case", FIXTURE["cases"], ids=[case["name"] for case in FIXTURE["cases"]])
+QWEN3 = [case for case in FIXTURE["cases"] if case["write_tiny_model"]["arch"] == "qwen3"]
+LLAMA3 = [case for case in FIXTURE["cases"] if case["write_tiny_model"].get("rope_freqs")]
+
+
+@pytest.mark.parametrize("case", QWEN3, ids=[case["name"] for case in QWEN3])
 def test_qwen3_greedy_ids_and_logits_equal_llama_cpp(tmp_path, case):
     model = load_model(str(write(tmp_path, case)))
     config = model.config
@@ -62,6 +67,18 @@ def test_qwen3_greedy_ids_and_logits_equal_llama_cpp(tmp_path, case):
     ids, logits = greedy(model, case["prompt_ids"], len(case["generated_ids"]))
     assert ids == case["generated_ids"]
     np.testing.assert_allclose(logits, np.array(case["logits"], np.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", LLAMA3, ids=[case["name"] for case in LLAMA3])
+def test_llama3_rope_frequency_factors_equal_llama_cpp(tmp_path, case):
+    model = load_model(str(write(tmp_path, case)))
+    assert model.weights.rope_freqs is not None and model.weights.rope_freqs.shape == (model.config.rotary_dims // 2,)
+    ids, logits = greedy(model, case["prompt_ids"], len(case["generated_ids"]))
+    assert ids == case["generated_ids"]
+    expected = np.array(case["logits"], np.float32)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    model.weights.rope_freqs = None                  # the factors matter: without them the logits move
+    assert np.abs(greedy(model, case["prompt_ids"], 2)[1] - expected[:2]).max() > 1e-3
 
 
 @pytest.mark.parametrize("case", FIXTURE["cases"][:1], ids=[FIXTURE["cases"][0]["name"]])
