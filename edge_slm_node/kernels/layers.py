@@ -9,7 +9,7 @@ namedtuples built once by model/transformer.py:
   layers   typed List (layer_list), per layer LayerArrays: norms (n,), biases (rows,) or empty, the packed bytes,
            tail rows and part ends of its 7 matrices q, k, v, o, gate, up, down (when q|k|v
            or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty);
-           gemma3's per-head q/k norms (head_dim,) and post-attention / post-FFN norms (n,), or
+           per-head q/k norms (head_dim,; qwen3, gemma3) and post-attention / post-FFN norms (n,; gemma3), or
            empty; the layer's RoPE tables (positions, rotary_dims/2) and its attention window
            (0 = every position)
   matmuls  typed List of the distinct matmul kernels (matmul_table), and kernel_of (layers * 7,)
