@@ -22,6 +22,8 @@ def gelu_table() -> np.ndarray:
         inner = (_SQRT_2_OVER_PI * x) * cubic
         tanh = np.tanh(inner.astype(np.float64)).astype(np.float32)
         gelu = (np.float32(0.5) * x) * (np.float32(1.0) + tanh)
+    nan = np.isnan(gelu)        # NaN and -inf inputs: ggml's table holds the quiet NaN with the input's sign
+    gelu[nan] = np.copysign(np.float32(np.nan), x[nan])
     return gelu.astype(np.float16).astype(np.float32)
 
 
