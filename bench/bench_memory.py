@@ -1,6 +1,6 @@
 """Resident memory of the engine after load, next to the GGUF size and the KV pool.
 
-    .venv/bin/python bench/bench_memory.py [--kv-pool-mb 64]
+    .venv/bin/python bench/bench_memory.py [--kv-pool-mb 64] [--model PATH_OR_NAME]
 """
 import argparse
 import os
@@ -16,13 +16,15 @@ MIB = 2**20
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kv-pool-mb", type=float, default=64.0)
+    parser.add_argument("--model", default="", help="a GGUF path or a known model name (default: SmolLM2)")
     args = parser.parse_args()
     baseline = resident_bytes()
     from edge_slm_node.engine.config import EngineConfig
     from edge_slm_node.engine.config_files import default_system_prompt
     from edge_slm_node.engine.engine import Engine
     imported = resident_bytes()
-    engine = Engine(EngineConfig(kv_pool_mb=args.kv_pool_mb, system_prompt=default_system_prompt()))
+    engine = Engine(EngineConfig(model_path=args.model, kv_pool_mb=args.kv_pool_mb,
+                                 system_prompt=default_system_prompt()))
     loaded = resident_bytes()
     stats = engine.stats()
     gguf = os.path.getsize(engine.model.path)

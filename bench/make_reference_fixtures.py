@@ -16,6 +16,13 @@ Outputs (the tests read only these files, never this script), for the default mo
         at every generated position.
 With --model, the same for that GGUF as llama_cpp_tokens_NAME.json and llama_cpp_greedy_NAME.json
 (NAME from --name, else the file name without .gguf).
+A SentencePiece vocabulary (tokenizer.ggml.model = llama, e.g. Gemma 3) has no pre-tokenizer:
+its ids are stored as is ("default") and with add_space_prefix switched on, each with control
+tokens parsed and not parsed, over the held-out strings plus SPM_EXTRA_STRINGS. A GGUF without
+tokenizer.chat_template (Gemma 3 270M) has its chat prompts rendered by llama.cpp's built-in
+template of that family (llama_chat_apply_template, CHAT_TEMPLATE_BY_ARCH). A model with a
+sliding window gets two more greedy cases: a prompt ending just before the window is full (the
+decode crosses it) and one longer than the window (prefilled in llama-cpp-python's n_batch chunks).
 It also prints llama.cpp prefill and decode speed with 2 threads (reference, not a test).
 """
 from __future__ import annotations
@@ -47,6 +54,22 @@ N_CTX = 1024
 N_GENERATE = 48
 TOP_K_LOGITS = 5
 PRE_TOKENIZERS = ("smollm", "qwen2", "llama-bpe", "gpt-2", "default")
+CHAT_TEMPLATE_BY_ARCH = {"gemma3": "gemma"}          # llama.cpp's built-in template names
+SPM_EXTRA_STRINGS = [
+    "a  b   c    d     e",
+    "   three leading spaces",
+    "trailing spaces   ",
+    "x\n\n\ny\n\n\n\n\n\nz",
+    "\t\tindented\n\t\t\tdeeper",
+    "<start_of_turn>user\nG28?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>hello<eos>",
+    "</s> is an end marker here",
+    "<table><tr><td>X10</td><td>Y20</td></tr></table>",
+    "<0x41> is written out, not a byte",
+    "\u2581already\u2581escaped",
+    "<start_of_image> <end_of_image> [multimodal]",
+    "Hello World! Hello World! Hello World!",
+]
 
 HELD_OUT_STRINGS = [
     "Hello world",
@@ -185,17 +208,23 @@ def vocab_facts(llm) -> dict:
     }
 
 
-def copy_with_pre(model: Path, pre: str, directory: str) -> Path:
-    """A metadata-only GGUF (no tensors) with tokenizer.ggml.pre replaced, for vocab_only loading."""
+def copy_with_pre(model: Path, pre: str, directory: str, key_changed: str = "tokenizer.ggml.pre",
+                  value_changed=None) -> Path:
+    """A metadata-only GGUF (no tensors) with tokenizer.ggml.pre (or key_changed = value_changed)
+    replaced, for vocab_only loading."""
     reader = gguf.GGUFReader(str(model))
     out = Path(directory) / f"vocab-{pre}.gguf"
     writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    new_value = pre if value_changed is None else value_changed
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        value = pre if key == "tokenizer.ggml.pre" else field.contents()
+        value = new_value if key == key_changed else field.contents()
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, value, field.types[0], sub_type=sub_type)
+    if key_changed not in reader.fields:
+        writer.add_key_value(key_changed, new_value, gguf.GGUFValueType.BOOL if isinstance(new_value, bool)
+                             else gguf.GGUFValueType.STRING)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
@@ -204,17 +233,30 @@ def copy_with_pre(model: Path, pre: str, directory: str) -> Path:
 
 def make_tokens_fixture(model: Path, provenance: dict) -> dict:
     ids_by_pre = {}
+    spm = gguf.GGUFReader(str(model)).fields["tokenizer.ggml.model"].contents() == "llama"
+    strings = HELD_OUT_STRINGS + SPM_EXTRA_STRINGS if spm else HELD_OUT_STRINGS
+    extra = {}
     with tempfile.TemporaryDirectory() as directory:
-        for pre in PRE_TOKENIZERS:
+        if spm:            # no pre-tokenizer; the one switch that changes ids is add_space_prefix
+            path = copy_with_pre(model, "add_space_prefix", directory, "tokenizer.ggml.add_space_prefix", True)
+            llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+            ids_by_pre["add_space_prefix"] = [tokenize(llm, text) for text in strings]
+            llm.close()
+        for pre in () if spm else PRE_TOKENIZERS:
             path = copy_with_pre(model, pre, directory)
             llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
-            ids_by_pre[pre] = [tokenize(llm, text) for text in HELD_OUT_STRINGS]
+            ids_by_pre[pre] = [tokenize(llm, text) for text in strings]
             llm.close()
     llm = llama_cpp.Llama(str(model), vocab_only=True, verbose=False)
     own_pre = llm.metadata.get("tokenizer.ggml.pre", "default")
-    own_ids = [tokenize(llm, text) for text in HELD_OUT_STRINGS]
+    own_ids = [tokenize(llm, text) for text in strings]
     if own_pre in ids_by_pre:
         assert own_ids == ids_by_pre[own_pre]
+    if spm:
+        ids_by_pre[own_pre] = own_ids
+        extra["ids_not_parsing_special"] = [llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+                                            for text in strings]
+        extra["tokenizer_model"] = "llama"
     detokenized = [
         b"".join(token_piece(llm._model.vocab, i) for i in ids).decode("utf-8", "replace")
         for ids in own_ids
@@ -224,9 +266,11 @@ def make_tokens_fixture(model: Path, provenance: dict) -> dict:
     return {
         "provenance": provenance,
         "note": "ids: llama_tokenize(text, add_special=False, parse_special=True) per tokenizer.ggml.pre value "
-                "(metadata-only copies of the GGUF with only that key changed); detokenized: "
+                "(metadata-only copies of the GGUF with only that key changed; for a SentencePiece vocabulary "
+                "the GGUF as is and with tokenizer.ggml.add_space_prefix = true); detokenized: "
                 "concatenated llama_token_to_piece(special=True), invalid UTF-8 replaced",
-        "strings": HELD_OUT_STRINGS,
+        **extra,
+        "strings": strings,
         "gguf_pre_tokenizer": own_pre,
         "ids": ids_by_pre,
         "detokenized": detokenized,
@@ -258,6 +302,32 @@ def greedy(llm, prompt_ids: list[int], eog_ids: set[int]) -> dict:
     return {"generated_ids": generated, "first_eog_index": first_eog, "top5": steps}
 
 
+def builtin_chat_prompt(template: str, messages: list[dict]) -> str:
+    """llama.cpp's own rendering with its built-in template `template` (llama_chat_apply_template)."""
+    chat = (llama_cpp.llama_chat_message * len(messages))()
+    keep = []
+    for index, message in enumerate(messages):
+        role, content = message["role"].encode("utf-8"), message["content"].encode("utf-8")
+        keep += [role, content]
+        chat[index].role, chat[index].content = role, content
+    size = 1 << 16
+    buffer = ctypes.create_string_buffer(size)
+    length = llama_cpp.llama_chat_apply_template(template.encode(), chat, len(messages), True, buffer, size)
+    assert 0 < length < size, length
+    return buffer.raw[:length].decode("utf-8")
+
+
+def window_cases(llm, window: int) -> list[dict]:
+    """Raw prompts ending 8 tokens before the sliding window is full, and 140 tokens past it."""
+    text = (LONG_RAW + " " + LONG_CNC_SYSTEM + " ") * 8
+    ids = tokenize(llm, text)
+    cases = []
+    for name, length in (("raw_window_edge", window - 8), ("raw_past_window", window + 140)):
+        assert len(ids) >= length
+        cases.append({"name": name, "kind": "raw", "prompt_text": llm.detokenize(ids[:length]).decode("utf-8")})
+    return cases
+
+
 def make_greedy_fixture(model: Path, provenance: dict, eog_ids: set[int]) -> dict:
     llm = llama_cpp.Llama(str(model), n_ctx=N_CTX, n_threads=N_THREADS, n_threads_batch=N_THREADS,
                           logits_all=False, verbose=False)
@@ -265,13 +335,24 @@ def make_greedy_fixture(model: Path, provenance: dict, eog_ids: set[int]) -> dic
     vocab = llm._model
     bos_text = vocab.token_get_text(llm.token_bos())
     eos_text = vocab.token_get_text(llm.token_eos())
-    formatter = Jinja2ChatFormatter(metadata["tokenizer.chat_template"], eos_token=eos_text,
-                                    bos_token=bos_text, add_generation_prompt=True)
+    architecture = metadata["general.architecture"]
+    template = metadata.get("tokenizer.chat_template")
+    if template is not None:
+        formatter = Jinja2ChatFormatter(template, eos_token=eos_text, bos_token=bos_text, add_generation_prompt=True)
+        render = lambda messages: formatter(messages=messages).prompt  # noqa: E731
+        renderer = "llama_cpp.llama_chat_format.Jinja2ChatFormatter(add_generation_prompt=True)"
+    else:
+        builtin = CHAT_TEMPLATE_BY_ARCH[architecture]
+        render = lambda messages: builtin_chat_prompt(builtin, messages)  # noqa: E731
+        renderer = (f"the GGUF has no tokenizer.chat_template: llama.cpp's built-in {builtin!r} template, "
+                    f"llama_chat_apply_template(tmpl={builtin!r}, add_ass=true); the prompt text has no BOS, "
+                    f"tokenize adds it (add_bos)")
     add_bos = bool(vocab.add_bos_token())
+    window = int(metadata.get(f"{architecture}.attention.sliding_window", 0) or 0)
     cases = []
-    for case in greedy_cases():
+    for case in greedy_cases() + (window_cases(llm, window) if window else []):
         if case["kind"] == "chat":
-            case["prompt_text"] = formatter(messages=case["messages"]).prompt
+            case["prompt_text"] = render(case["messages"])
         prompt_ids = llm.tokenize(case["prompt_text"].encode("utf-8"), add_bos=add_bos, special=True)
         case["prompt_ids"] = prompt_ids
         case.update(greedy(llm, prompt_ids, eog_ids))
@@ -286,8 +367,9 @@ def make_greedy_fixture(model: Path, provenance: dict, eog_ids: set[int]) -> dic
                      "top_k": 1, "repeat_penalty": 1.0, "stop_on_eos": False, "add_bos": add_bos,
                      "method": "Llama.eval(prompt_ids) then argmax(llama_get_logits_ith(ctx, -1)) and "
                                "Llama.eval([token]) 48 times; top5 holds the 5 largest raw logits at "
-                               "every generated position"},
-        "chat_template_renderer": "llama_cpp.llama_chat_format.Jinja2ChatFormatter(add_generation_prompt=True)",
+                               "every generated position; Llama.eval runs a prompt in chunks of n_batch "
+                               "tokens, each llama_decode computing the logits of its last token only"},
+        "chat_template_renderer": renderer,
         "cases": cases,
     }
 

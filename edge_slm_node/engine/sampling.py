@@ -12,6 +12,8 @@ import numpy as np
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOTAL_CHARS = 1024
+# A JSON Schema or grammar is compiled when submitted and held while the request waits: bounded.
+MAX_CONSTRAINT_CHARS = 16384
 
 
 class InvalidRequestError(ValueError):
@@ -28,6 +30,8 @@ class SamplingParams:
     max_new_tokens: int = 256
     stop: tuple = field(default_factory=tuple)   # stop strings, not included in the output
     ignore_eos: bool = False
+    json_schema: str = ""             # the output must validate against this JSON Schema; "" = free
+    grammar: str = ""                 # the output must match this Lark or GBNF grammar; "" = free
 
     def validate(self, max_new_tokens_limit: int) -> "SamplingParams":
         def bad(name, value, rule):
@@ -56,6 +60,14 @@ class SamplingParams:
         total = sum(len(stop) for stop in self.stop)
         if total > MAX_STOP_TOTAL_CHARS:
             bad("stop", f"{len(self.stop)} strings", f"{total} characters in all, at most {MAX_STOP_TOTAL_CHARS}")
+        for name in ("json_schema", "grammar"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                bad(name, type(value).__name__, "must be a string ('' = unconstrained)")
+            if len(value) > MAX_CONSTRAINT_CHARS:
+                bad(name, value[:40] + "...", f"has {len(value)} characters, at most {MAX_CONSTRAINT_CHARS}")
+        if self.json_schema and self.grammar:
+            bad("grammar", self.grammar[:40], "give json_schema or grammar, not both")
         return self
 
 

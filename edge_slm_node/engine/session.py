@@ -18,12 +18,13 @@ class Session:
     """What a conversation is; its requests are the scheduler's, its KV the block manager's."""
     session_id: str
     system_prompt: Optional[str]        # None = no system message
-    prefix_ids: list                    # tokens of the rendered system prompt alone
+    prefix_ids: list                    # tokens every first turn with this system prompt starts with
     uses_shared_prefix: bool            # forks the engine's pinned prefix sequence
     keep_history: bool
     owner_key: str = ""                 # set: every call on the session must carry it
     auto_created: bool = False          # made by a command for an unknown id, not by create_session
     messages: list = field(default_factory=list)
+    pending_tool_calls: dict = field(default_factory=dict)   # call_id -> tool name, until its result comes
     last_used: float = field(default_factory=time.monotonic)
 
     def touch(self) -> None:

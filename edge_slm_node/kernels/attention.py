@@ -58,22 +58,35 @@ def _work_size(group, head_dim, max_context):
         + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)
 
 
+@njit(cache=True, inline="always")
+def window_base(token_context, first_token, count, max_context, window):
+    """First position the queries first_token..+count read: 0, or with a window the earliest
+    c - window rounded down to a multiple of SPAN."""
+    if window <= 0:
+        return 0
+    low = max_context
+    for m in range(count):
+        low = min(low, max(0, token_context[first_token + m] - window))
+    return low // SPAN * SPAN
+
+
 @njit(cache=True)
 def _attend(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out, work,
-            avx512):
+            avx512, window):
     """Queries first_token..+count (one sequence, one order) x one kv_head -> out; q rounded in place.
-    work: float32 scratch of _work_size elements; avx512: the AVX-512 build's orders."""
+    work: float32 scratch of _work_size elements; avx512: the AVX-512 build's orders; window > 0:
+    a query at context c sees only positions [c - window, c)."""
     if q.shape[2] == 64:             # a literal: the inlined copy has constant offsets
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
-                     work, 64, avx512)
+                     work, 64, avx512, window)
     else:
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
-                     work, q.shape[2], avx512)
+                     work, q.shape[2], avx512, window)
 
 
 @njit(cache=True, inline="always")
 def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
-                 work, head_dim, avx512):
+                 work, head_dim, avx512, window):
     group = q.shape[1] // k_cache.shape[2]
     prompt_lanes = WIDE_PROMPT_LANES if avx512 else PROMPT_LANES
     qk_prompt = prompt and head_dim % prompt_lanes == 0
@@ -87,6 +100,10 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     for m in range(count):
         max_context = max(max_context, token_context[first_token + m])
     width = (max_context + 15) // 16 * 16
+    # Sliding window: the spans start at `base`, a multiple of SPAN, so every position keeps the
+    # accumulator lane and the 8/16-position softmax group it has in llama.cpp's full-length rows;
+    # positions of [base, c - window) are masked (probability 0, as llama.cpp's -inf mask).
+    base = window_base(token_context, first_token, count, max_context, window)
     # scratch, flat: queries (count, group, head_dim), scores (count, group, width),
     # acc (count, group, num_lanes, head_dim), span (SPAN, head_dim)
     end = count * group * head_dim
@@ -115,8 +132,8 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
             for d in range(head_dim):
                 q[first_token + m, h, d] = queries[at + d]
     # scores = (K . q) * scale
-    num_spans = (max_context + SPAN - 1) // SPAN
-    for start in range(0, max_context, SPAN):
+    num_spans = (max_context - base + SPAN - 1) // SPAN
+    for start in range(base, max_context, SPAN):
         rows = min(SPAN, max_context - start)
         # rows PREFETCH_SPANS spans ahead (after the last K span: the first V spans) load while
         # this span computes
@@ -144,18 +161,21 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
         full = context // 8 * 8
         for g in range(group):
             at = (m * group + g) * width
+            if window > 0:
+                for p in range(base, max(base, context - window)):
+                    scores[at + p] = np.float32(-np.inf)
             peak = np.float32(-np.inf)
-            if full > 0:
-                best = simd.load_f32x8(scores, at)
-                for s in range(8, full, 8):
+            if full > base:
+                best = simd.load_f32x8(scores, at + base)
+                for s in range(base + 8, full, 8):
                     best = vec8.maximum(best, simd.load_f32x8(scores, at + s))
                 peak = vec8.max_lane(best)
-            for p in range(full, context):
+            for p in range(max(full, base), context):
                 peak = max(peak, scores[at + p])
             top = simd.splat_f32(peak)
             total = 0.0
             if avx512:                           # positions past the context are 0 (masked)
-                for s in range(0, context, 16):
+                for s in range(base, context, 16):
                     low = vec8.keep_first(vec8.exp_wide(vec8.sub(simd.load_f32x8(scores, at + s), top)), context - s)
                     high = vec8.keep_first(vec8.exp_wide(vec8.sub(simd.load_f32x8(scores, at + s + 8), top)),
                                            context - s - 8)
@@ -163,7 +183,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                     simd.store_f32x8(scores, at + s + 8, high)
                     total += np.float64(vec8.hsum(simd.add(high, low)))
             else:
-                for s in range(0, full, 8):
+                for s in range(base, full, 8):
                     e = vec8.exp(vec8.sub(simd.load_f32x8(scores, at + s), top))
                     simd.store_f32x8(scores, at + s, e)
                     total += np.float64(vec8.hsum(e))
@@ -172,10 +192,10 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                     simd.store_f32x8(scores, at + full, e)
                     total += np.float64(vec8.hsum(e))
             inverse = simd.splat_f32(np.float32(1.0 / total))
-            for s in range(0, context, 8):
+            for s in range(base, context, 8):
                 simd.store_f32x8(scores, at + s, vec8.round_half(simd.mul(simd.load_f32x8(scores, at + s), inverse)))
     # out = P . V: lane p % num_lanes of each output element sums its positions in order
-    for start in range(0, max_context, SPAN):
+    for start in range(base, max_context, SPAN):
         rows = min(SPAN, max_context - start)
         ahead = start + PREFETCH_SPANS * SPAN
         if ahead < max_context:
@@ -255,48 +275,51 @@ def _item(i, num_items, kv_heads):
 
 
 @njit(cache=True, inline="always")
-def _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context):
+def _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context, window):
     """Start loading item i's K and V rows into L2 (KV comes from memory in a real forward pass)."""
     c, kv_head = _item(i, num_items, k_cache.shape[2])
     first = firsts[c]
     context = 0
     for t in range(first, first + counts[c]):
         context = max(context, token_context[t])
+    base = window_base(token_context, first, counts[c], context, window)
     table = block_tables[token_seq[first]]
-    rows = min(context, PREFETCH_SPANS * SPAN)
-    prefetch_rows(k_cache, table, kv_head, 0, rows, k_cache.shape[3])
-    if context < PREFETCH_SPANS * SPAN:       # the first V spans are due soon too
-        prefetch_rows(v_cache, table, kv_head, 0, min(context, PREFETCH_SPANS * SPAN - rows), v_cache.shape[3])
+    rows = min(context - base, PREFETCH_SPANS * SPAN)
+    prefetch_rows(k_cache, table, kv_head, base, base + rows, k_cache.shape[3])
+    if context - base < PREFETCH_SPANS * SPAN:       # the first V spans are due soon too
+        prefetch_rows(v_cache, table, kv_head, base, base + min(context - base, PREFETCH_SPANS * SPAN - rows),
+                      v_cache.shape[3])
 
 
 @njit(cache=True, inline="always")
 def _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-              prompt_order, scale, out, work, avx512):
+              prompt_order, scale, out, work, avx512, window):
     if i + 1 < num_items:           # the next item's KV loads while this one computes
-        _prefetch_item(i + 1, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
+        _prefetch_item(i + 1, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context,
+                       window)
     c, kv_head = _item(i, num_items, k_cache.shape[2])
     first = firsts[c]
     _attend(q, k_cache, v_cache, block_tables[token_seq[first]], first, counts[c], token_context, kv_head,
-            prompt_order[first] != 0, scale, out, work, avx512)
+            prompt_order[first] != 0, scale, out, work, avx512, window)
 
 
 @njit(cache=True, nogil=True)
 def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work,
-                           avx512=False):
+                           avx512=False, window=0):
     """paged_attention on the calling thread only (uses work[0])."""
     firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
     if num_items == 0:
         return
-    _prefetch_item(0, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
+    _prefetch_item(0, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context, window)
     for i in range(num_items):
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-                  prompt_order, scale, out, work[0], avx512)
+                  prompt_order, scale, out, work[0], avx512, window)
 
 
 @njit(parallel=True, cache=True)
 def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work,
-                             avx512=False):
+                             avx512=False, window=0):
     """paged_attention with its work items on numba's thread pool (work row per thread)."""
     firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
@@ -304,9 +327,10 @@ def paged_attention_parallel(q, k_cache, v_cache, block_tables, token_seq, token
         return
     for i in prange(num_items):
         # which items a thread gets is up to the scheduler: each item also prefetches its own rows
-        _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context)
+        _prefetch_item(i, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context,
+                       window)
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
-                  prompt_order, scale, out, work[numba.get_thread_id()], avx512)
+                  prompt_order, scale, out, work[numba.get_thread_id()], avx512, window)
 
 
 def attention_work(num_heads: int, kv_heads: int, head_dim: int, max_context: int, allocate=None) -> np.ndarray:
@@ -327,13 +351,15 @@ def check_work(work: np.ndarray, num_heads: int, kv_heads: int, head_dim: int, c
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out,
-                    work=None, parallel=None, avx512=False):
+                    work=None, parallel=None, avx512=False, window=0):
     """q (T, heads, head_dim) f32; token t attends to positions [0, token_context[t]) of sequence
     token_seq[t] via block_tables (S, max_blocks), in prompt order if prompt_order[t] (T,) is nonzero
     -> out (T, heads, head_dim) f32. q is rounded to fp16 in place.
     work: attention_work(...) for at least max(token_context) (allocated per call if None).
     parallel: None = thread pool only when the call is big enough to repay waking it, or force True/False.
     avx512: the summation orders and exp of llama.cpp's AVX-512 build (else of its AVX2 build).
+    window > 0: token t sees only positions [token_context[t] - window, token_context[t]) (a
+    sliding-window layer; llama.cpp's LLAMA_SWA_TYPE_STANDARD mask), read through the same tables.
     """
     num_tokens, num_heads, head_dim = q.shape
     if num_tokens == 0:
@@ -346,4 +372,4 @@ def paged_attention(q, k_cache, v_cache, block_tables, token_seq, token_context,
     if parallel is None:
         parallel = _MULTI_THREADED and num_tokens * num_heads * head_dim * 2 * context >= PARALLEL_MIN_MACS
     kernel = paged_attention_parallel if parallel else paged_attention_serial
-    kernel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work, avx512)
+    kernel(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work, avx512, window)

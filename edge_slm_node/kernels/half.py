@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .ops import bits_float
+from .ops import bits_float, float_bits
 
 # f16 bits -> f32, one table entry per bit pattern (256 KiB; used for per-block scales).
 HALF_TO_FLOAT = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -54,6 +54,25 @@ def float_to_half_bits(values, out):
             u = u + np.uint32(0xC8000FFF) + mantissa_odd   # rebias exponent (-112 << 23) + round
             h = u >> np.uint32(13)
         out[i] = np.uint16(h | sign)
+
+
+@njit(cache=True, inline="always")
+def half_bits(value):
+    """float32 scalar -> its fp16 bit pattern (uint16), round to nearest even, overflow -> inf."""
+    u = np.uint32(float_bits(np.float32(value)))
+    sign = (u >> np.uint32(16)) & np.uint32(0x8000)
+    u = u & np.uint32(0x7FFFFFFF)
+    if u >= np.uint32(0x47800000):            # >= 65536 (or inf / nan)
+        h = np.uint32(0x7E00) if u > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    elif u < np.uint32(0x38800000):           # below the smallest normal half: subnormal
+        # value * 2^24 rounded to nearest even is the subnormal mantissa.
+        magnitude = value if value >= 0 else -value
+        h = np.uint32(np.rint(np.float64(magnitude) * 16777216.0))
+    else:
+        mantissa_odd = (u >> np.uint32(13)) & np.uint32(1)
+        u = u + np.uint32(0xC8000FFF) + mantissa_odd   # rebias exponent (-112 << 23) + round
+        h = u >> np.uint32(13)
+    return np.uint16(h | sign)
 
 
 @njit(cache=True, inline="always")

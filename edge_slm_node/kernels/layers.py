@@ -8,7 +8,10 @@ namedtuples built once by model/transformer.py:
 
   layers   typed List (layer_list), per layer LayerArrays: norms (n,), biases (rows,) or empty, the packed bytes,
            tail rows and part ends of its 7 matrices q, k, v, o, gate, up, down (when q|k|v
-           or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty)
+           or gate|up are fused, q / gate hold the fused matrix and k, v / up are empty);
+           per-head q/k norms (head_dim,; qwen3, gemma3) and post-attention / post-FFN norms (n,; gemma3), or
+           empty; the layer's RoPE tables (positions, rotary_dims/2) and its attention window
+           (0 = every position)
   matmuls  typed List of the distinct matmul kernels (matmul_table), and kernel_of (layers * 7,)
            int32: matmuls[kernel_of[7 * layer + m]] runs matrix m of that layer. (A tuple of
            function objects would be unboxed from Python on every call: ~0.2 ms each.)
@@ -20,9 +23,10 @@ namedtuples built once by model/transformer.py:
            graph does (inp_out_ids): they end up in hidden[:R], in that order, and the other
            rows of hidden are left unfinished. (The K-quant kernels' order depends on the
            number of rows, so this is also what keeps the logits equal to llama.cpp's.)
-  consts   LayerConsts: eps, rope tables, neox, attention scale and work, KV-write scratch, avx512
+  consts   LayerConsts: eps, neox, attention scale and work, KV-write scratch, avx512
            (attention and SwiGLU in the summation orders and exp of llama.cpp's AVX-512 build,
-           else of its AVX2 build; the matmuls are the same in both)
+           else of its AVX2 build; the matmuls are the same in both), query_scale (q times it
+           after RoPE, gemma3; 1 = none), gelu_table (GeGLU instead of SwiGLU when non-empty)
 """
 import warnings
 from collections import namedtuple
@@ -32,8 +36,9 @@ from numba.core.errors import NumbaExperimentalFeatureWarning
 from numba.typed import List
 
 from .attention import PARALLEL_MIN_MACS, paged_attention_parallel, paged_attention_serial
+from .gelu import geglu
 from .kv_write import write_kv
-from .ops import add_bias, add_in_place, apply_rope, rms_norm, silu_mul
+from .ops import add_bias, add_in_place, apply_rope, rms_norm, scale_in_place, silu_mul
 from .quants.common import MATMUL_SIGNATURE
 
 # The matmuls are called through numba's first-class function objects, the one experimental
@@ -75,13 +80,14 @@ def _table_of(kernels):
     return table
 
 LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_bias", "v_bias", "packed", "tails",
-                                         "part_ends", "qkv_fused", "gate_up_fused"])
+                                         "part_ends", "qkv_fused", "gate_up_fused", "q_norm", "k_norm",
+                                         "post_attn_norm", "post_ffn_norm", "rope_cos", "rope_sin", "window"])
 Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "attn", "proj", "gate", "up", "empty"])
 BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
                                          "prompt_order", "output_rows"])
-LayerConsts = namedtuple("LayerConsts", ["eps", "rope_cos", "rope_sin", "neox", "num_heads", "num_kv_heads",
-                                         "head_dim", "attention_scale", "attention_work", "kv_row", "kv_bits",
-                                         "avx512"])
+LayerConsts = namedtuple("LayerConsts", ["eps", "neox", "num_heads", "num_kv_heads", "head_dim", "attention_scale",
+                                         "attention_work", "kv_row", "kv_bits", "avx512", "query_scale",
+                                         "gelu_table"])
 
 
 @njit(cache=True, inline="always")
@@ -134,19 +140,28 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
             add_bias(acts.q, layer.q_bias)
             add_bias(acts.k, layer.k_bias)
             add_bias(acts.v, layer.v_bias)
-        apply_rope(heads_q, batch.positions, c.rope_cos, c.rope_sin, c.neox)
-        apply_rope(heads_k, batch.positions, c.rope_cos, c.rope_sin, c.neox)
+        if layer.q_norm.shape[0] > 0:       # per head, in place (each row is read before it is written)
+            rows_q = acts.q.reshape(num_tokens * c.num_heads, c.head_dim)
+            rows_k = acts.k.reshape(num_tokens * c.num_kv_heads, c.head_dim)
+            rms_norm(rows_q, layer.q_norm, c.eps, rows_q)
+            rms_norm(rows_k, layer.k_norm, c.eps, rows_k)
+        apply_rope(heads_q, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
+        apply_rope(heads_k, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
+        if c.query_scale != 1.0:
+            scale_in_place(acts.q, c.query_scale)
         k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
         write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
         if attention_on_pool:
             paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                      batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
-                                     c.attention_work, c.avx512)
+                                     c.attention_work, c.avx512, layer.window)
         else:
             paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                    batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work,
-                                   c.avx512)
+                                   c.avx512, layer.window)
         _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
+        if layer.post_attn_norm.shape[0] > 0:
+            rms_norm(acts.proj, layer.post_attn_norm, c.eps, acts.proj)
         add_in_place(acts.hidden, acts.proj)
         rows = num_tokens
         if index == len(layers) - 1 and batch.output_rows.shape[0] < num_tokens:
@@ -157,6 +172,11 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
         rms_norm(hidden, layer.ffn_norm, c.eps, normed)
         _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, normed, model_input, gate, up,
                empty, empty)
-        silu_mul(gate, up, gate, c.avx512)
+        if c.gelu_table.shape[0] > 0:
+            geglu(gate, up, gate, c.gelu_table)
+        else:
+            silu_mul(gate, up, gate, c.avx512)
         _matmul(layer, matmuls, kernel_of, index, DOWN, gate, ffn_input, (proj, empty, empty))
+        if layer.post_ffn_norm.shape[0] > 0:
+            rms_norm(proj, layer.post_ffn_norm, c.eps, proj)
         add_in_place(hidden, proj)

@@ -154,6 +154,15 @@ def add_in_place(x, y):
 
 
 @njit(cache=True, nogil=True)
+def scale_in_place(x, factor):
+    """x (T, n) *= factor (float32; ggml_scale)."""
+    num_tokens, n = x.shape
+    for t in range(num_tokens):
+        for i in range(n):
+            x[t, i] *= factor
+
+
+@njit(cache=True, nogil=True)
 def add_bias(x, bias):
     """x (T, n) += bias (n,)."""
     num_tokens, n = x.shape
@@ -183,9 +192,17 @@ def silu_mul(gate, up, out, avx512=False):
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
 
 
+def rope_tables(max_positions, rotary_dims, freq_base, freq_factors=None):
+    """-> cos, sin (max_positions, rotary_dims/2) f32, theta stepped in float32 as ggml does;
+    freq_factors (rotary_dims/2,) f32 (rope_freqs.weight, Llama 3.x): pair i's angle divided by it."""
+    factors = np.zeros(0, np.float32) if freq_factors is None else np.ascontiguousarray(freq_factors, np.float32)
+    if factors.shape[0] not in (0, rotary_dims // 2):
+        raise ValueError(f"rope_freqs has {factors.shape[0]} factors, rotary_dims / 2 = {rotary_dims // 2}")
+    return _rope_tables(max_positions, rotary_dims, freq_base, factors)
+
+
 @njit(cache=True)
-def rope_tables(max_positions, rotary_dims, freq_base):
-    """-> cos, sin (max_positions, rotary_dims/2) f32, theta stepped in float32 as ggml does."""
+def _rope_tables(max_positions, rotary_dims, freq_base, factors):
     half = rotary_dims // 2
     cos = np.empty((max_positions, half), np.float32)
     sin = np.empty((max_positions, half), np.float32)
@@ -193,8 +210,9 @@ def rope_tables(max_positions, rotary_dims, freq_base):
     for p in range(max_positions):
         theta = np.float32(p)
         for i in range(half):
-            cos[p, i] = np.float32(np.cos(theta))
-            sin[p, i] = np.float32(np.sin(theta))
+            angle = theta / factors[i] if factors.shape[0] > 0 else theta     # ggml_rope_cache_init
+            cos[p, i] = np.float32(np.cos(angle))
+            sin[p, i] = np.float32(np.sin(angle))
             theta = np.float32(theta * theta_scale)
     return cos, sin
 

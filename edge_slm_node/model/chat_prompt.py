@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .chat_template import ChatTemplate, ChatTemplateError
+from .chat_template import CONTENT_END, CONTENT_START, ChatTemplate, ChatTemplateError
 from .tokenizer import Tokenizer
-
-CONTENT_START, CONTENT_END = "\ufdd0", "\ufdd1"
 
 
 def literal_text(text: str) -> str:
@@ -23,18 +21,21 @@ def literal_text(text: str) -> str:
 
 
 class ChatPrompt:
-    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer):
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer, tools: Sequence[Mapping] = ()):
+        """tools: the template's `tools` variable (function declarations), rendered by the template
+        itself (Qwen2.5: into the system turn); operator configuration, so not marked as client text."""
         self.template = template
         self.tokenizer = tokenizer
+        self.extra = {"tools": list(tools)} if tools else {}
 
     def text(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> str:
         """The rendered prompt as a string (for display; ids come from `ids`)."""
         return self.template.render([{**m, "content": literal_text(m["content"])} for m in messages],
-                                    add_generation_prompt=add_generation_prompt)
+                                    add_generation_prompt=add_generation_prompt, **self.extra)
 
     def ids(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> list[int]:
         marked = [{**m, "content": CONTENT_START + literal_text(m["content"]) + CONTENT_END} for m in messages]
-        rendered = self.template.render(marked, add_generation_prompt=add_generation_prompt)
+        rendered = self.template.render(marked, add_generation_prompt=add_generation_prompt, **self.extra)
         return self.tokenizer.encode_segments(_segments(rendered, len(messages)))
 
 

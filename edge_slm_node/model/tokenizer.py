@@ -1,11 +1,12 @@
-"""Byte-level BPE tokenizer built from a GGUF's own vocabulary, tokenizing like llama.cpp.
+"""Tokenizer built from a GGUF's own vocabulary, tokenizing like llama.cpp.
 
-The ``tokenizers`` library does the work: a BPE model over ``tokenizer.ggml.tokens`` and
-``tokenizer.ggml.merges``, the pre-tokenizer regexes llama.cpp uses for
-``tokenizer.ggml.pre`` (see ``vocab_rules``) followed by the GPT-2 byte-to-unicode mapping, and
-the control / user-defined tokens registered as added tokens so they are found in text.
-Decoding does not use ``tokenizers``: every token's raw bytes are precomputed, as llama.cpp's
-``token_to_piece`` returns them (control tokens render as their text).
+The ``tokenizers`` library does the work. ``tokenizer.ggml.model`` = gpt2 (byte-level BPE): a
+BPE model over ``tokenizer.ggml.tokens`` and ``tokenizer.ggml.merges``, the pre-tokenizer
+regexes llama.cpp uses for ``tokenizer.ggml.pre`` (see ``vocab_rules``) followed by the GPT-2
+byte-to-unicode mapping. ``llama`` (SentencePiece: tokens with scores, byte fallback): the BPE
+model of ``spm_backend``. Either way the control / user-defined tokens are registered as added
+tokens so they are found in text. Decoding does not use ``tokenizers``: every token's raw bytes
+are precomputed, as llama.cpp's ``token_to_piece`` returns them (control tokens render as their text).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers
 
+from edge_slm_node.model import spm_backend
 from edge_slm_node.model import vocab_rules as rules
 from edge_slm_node.model.gguf_metadata import metadata_from_reader, read_metadata
 
@@ -58,7 +60,7 @@ class _ByteLevelDecoder:
 
 
 class Tokenizer:
-    """encode/decode with a GGUF byte-level BPE vocabulary; ids match llama.cpp's."""
+    """encode/decode with a GGUF vocabulary (byte-level BPE or SentencePiece); ids match llama.cpp's."""
 
     def __init__(
         self,
@@ -68,7 +70,19 @@ class Tokenizer:
         pre: str = "default",
         named_ids: Optional[Mapping[str, Optional[int]]] = None,
         add_bos: Optional[bool] = None,
+        model: str = "gpt2",
+        scores: Optional[list[float]] = None,
+        add_space_prefix: Optional[bool] = None,
     ) -> None:
+        if model not in rules.SUPPORTED_TOKENIZER_MODELS:
+            raise ValueError(f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: "
+                             f"{list(rules.SUPPORTED_TOKENIZER_MODELS)}")
+        self.model = model
+        self.spm = model == "llama"
+        if self.spm:                         # llama.cpp ignores tokenizer.ggml.pre for SentencePiece
+            pre = "default"
+            if scores is None:
+                raise ValueError("a SentencePiece vocabulary needs tokenizer.ggml.scores")
         if pre not in rules.PRE_TOKENIZERS:
             raise ValueError(
                 f"unsupported pre-tokenizer {pre!r} (tokenizer.ggml.pre); supported: {sorted(rules.PRE_TOKENIZERS)}"
@@ -89,7 +103,10 @@ class Tokenizer:
                 raise ValueError(f"{name} token id {token_id} is outside the vocabulary of {self.vocab_size} tokens")
         self.bos_id: Optional[int] = named["bos"]
         self.eos_id: Optional[int] = named["eos"]
-        self.add_bos_default: bool = rule.add_bos if add_bos is None else bool(add_bos)
+        default_bos = rules.SPM_DEFAULT_ADD_BOS if self.spm else rule.add_bos
+        self.add_bos_default: bool = default_bos if add_bos is None else bool(add_bos)
+        self.add_space_prefix = self.spm and (rules.SPM_DEFAULT_ADD_SPACE_PREFIX if add_space_prefix is None
+                                              else bool(add_space_prefix))
         self.eog_ids: frozenset[int] = rules.end_of_generation_ids(self._tokens, text_to_id, named)
 
         types = list(token_types)
@@ -99,7 +116,7 @@ class Tokenizer:
         special_types = (rules.TOKEN_TYPE_CONTROL, rules.TOKEN_TYPE_UNKNOWN)
         self._special_ids = frozenset(i for i, kind in enumerate(types) if kind in special_types)
         self._token_bytes = self._build_token_bytes(types)
-        self._backend = self._build_backend(text_to_id, types, merges, rule)
+        self._backend = self._build_backend(text_to_id, types, merges, rule, scores)
         self._lock = threading.Lock()
 
     # ---- construction -------------------------------------------------------------------
@@ -112,25 +129,31 @@ class Tokenizer:
                 f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); supported: "
                 f"{list(rules.SUPPORTED_TOKENIZER_MODELS)}"
             )
-        for key in ("tokens", "token_type", "merges"):
+        spm = model == "llama"
+        for key in ("tokens", "token_type", "scores" if spm else "merges"):
             if _KEY + key not in fields:
                 raise ValueError(f"GGUF metadata has no {_KEY + key}")
         named_ids = {
             name: None if fields.get(_KEY + key) is None else int(fields[_KEY + key])
             for name, key in _NAMED_ID_KEYS.items()
         }
-        # llama.cpp's defaults for a gpt2 vocabulary that names no bos/eos
-        if named_ids["bos"] is None and rules.GPT2_DEFAULT_BOS_ID < len(fields[_KEY + "tokens"]):
-            named_ids["bos"] = rules.GPT2_DEFAULT_BOS_ID
-        if named_ids["eos"] is None and rules.GPT2_DEFAULT_EOS_ID < len(fields[_KEY + "tokens"]):
-            named_ids["eos"] = rules.GPT2_DEFAULT_EOS_ID
+        # llama.cpp's defaults for a vocabulary that names no bos/eos
+        default_bos, default_eos = ((rules.SPM_DEFAULT_BOS_ID, rules.SPM_DEFAULT_EOS_ID) if spm
+                                    else (rules.GPT2_DEFAULT_BOS_ID, rules.GPT2_DEFAULT_EOS_ID))
+        if named_ids["bos"] is None and default_bos < len(fields[_KEY + "tokens"]):
+            named_ids["bos"] = default_bos
+        if named_ids["eos"] is None and default_eos < len(fields[_KEY + "tokens"]):
+            named_ids["eos"] = default_eos
         return cls(
             tokens=list(fields[_KEY + "tokens"]),
             token_types=[int(kind) for kind in fields[_KEY + "token_type"]],  # list or numpy array
-            merges=list(fields[_KEY + "merges"]),
+            merges=list(fields.get(_KEY + "merges") or []),
             pre=fields.get(_KEY + "pre") or "default",  # llama.cpp falls back to 'default'
             named_ids=named_ids,
             add_bos=fields.get(_KEY + "add_bos_token"),
+            model=model,
+            scores=fields.get(_KEY + "scores"),
+            add_space_prefix=fields.get(_KEY + "add_space_prefix"),
         )
 
     @classmethod
@@ -146,7 +169,7 @@ class Tokenizer:
         table = []
         for text, kind in zip(self._tokens, types):
             if kind == rules.TOKEN_TYPE_NORMAL:
-                table.append(byte_level(text))
+                table.append(spm_backend.spm_piece(text) if self.spm else byte_level(text))
             elif kind in (rules.TOKEN_TYPE_CONTROL, rules.TOKEN_TYPE_UNKNOWN, rules.TOKEN_TYPE_USER_DEFINED):
                 table.append(text.encode("utf-8", "surrogateescape"))
             elif kind == rules.TOKEN_TYPE_BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
@@ -157,7 +180,30 @@ class Tokenizer:
                 table.append(b"")
         return table
 
-    def _build_backend(self, text_to_id: dict[str, int], types: list[int], merges: list[str], rule) -> BackendTokenizer:
+    def _build_backend(self, text_to_id: dict[str, int], types: list[int], merges: list[str], rule,
+                       scores: Optional[list[float]]) -> BackendTokenizer:
+        if self.spm:
+            backend = BackendTokenizer(spm_backend.spm_model(self._tokens, scores, text_to_id))
+            backend.normalizer = spm_backend.spm_normalizer(self.add_space_prefix)
+        else:
+            backend = self._byte_level_backend(text_to_id, merges, rule)
+        special, user_defined = [], []
+        for token_id in sorted(set(text_to_id.values())):
+            text, kind = self._tokens[token_id], types[token_id]
+            if not text:
+                continue
+            if token_id in self._special_ids:
+                special.append(AddedToken(text, special=True, normalized=False))
+            elif kind == rules.TOKEN_TYPE_USER_DEFINED:
+                user_defined.append(AddedToken(text, special=False, normalized=False))
+        backend.add_special_tokens(special)
+        backend.add_tokens(user_defined)
+        for added in special + user_defined:
+            assert backend.token_to_id(added.content) == text_to_id[added.content], added.content
+        return backend
+
+    @staticmethod
+    def _byte_level_backend(text_to_id: dict[str, int], merges: list[str], rule) -> BackendTokenizer:
         merge_pairs = []
         for index, merge in enumerate(merges):
             pair = merge.split(" ", 1) if merge[:1] != " " else merge[1:].split(" ", 1)
@@ -178,19 +224,6 @@ class Tokenizer:
             [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in rule.regexes]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
-        special, user_defined = [], []
-        for token_id in sorted(set(text_to_id.values())):
-            text, kind = self._tokens[token_id], types[token_id]
-            if not text:
-                continue
-            if token_id in self._special_ids:
-                special.append(AddedToken(text, special=True, normalized=False))
-            elif kind == rules.TOKEN_TYPE_USER_DEFINED:
-                user_defined.append(AddedToken(text, special=False, normalized=False))
-        backend.add_special_tokens(special)
-        backend.add_tokens(user_defined)
-        for added in special + user_defined:
-            assert backend.token_to_id(added.content) == text_to_id[added.content], added.content
         return backend
 
     # ---- API ----------------------------------------------------------------------------
@@ -266,8 +299,17 @@ class Tokenizer:
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
 
+    @property
+    def special_ids(self) -> frozenset:
+        """Control / unknown token ids (never produced by encoding text with parse_special False)."""
+        return self._special_ids
+
+    def all_token_bytes(self) -> list[bytes]:
+        """Every token's raw bytes, indexed by id (control tokens as their text)."""
+        return list(self._token_bytes)
+
     def __repr__(self) -> str:
         return (
-            f"Tokenizer(pre={self.pre!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
+            f"Tokenizer(model={self.model!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
             f"eos_id={self.eos_id}, eog_ids={sorted(self.eog_ids)}, add_bos_default={self.add_bos_default})"
         )

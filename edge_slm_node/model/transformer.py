@@ -12,6 +12,7 @@ import numpy as np
 
 from ..kernels import ops
 from ..kernels.attention import attention_work, check_work
+from ..kernels.gelu import gelu_table
 from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts, decoder_layers, layer_list,
                               matmul_table)
 from ..kernels.quants import Q8_0
@@ -79,8 +80,13 @@ class Transformer:
         # their types allow (one pass over the shared input instead of three / two); same results.
         self.qkv = [FusedLinear([l.q, l.k, l.v]) for l in weights.layers]
         self.gate_up = [FusedLinear([l.gate, l.up]) for l in weights.layers]
-        self.layer_arrays = tuple(_layer_arrays(layer, qkv, gate_up)
-                                  for layer, qkv, gate_up in zip(weights.layers, self.qkv, self.gate_up))
+        # one RoPE table per base: gemma3's sliding-window layers have their own
+        self.rope_tables = {base: ops.rope_tables(max_context, c.rotary_dims, base, weights.rope_freqs)
+                            for base in {self._rope_base(i) for i in range(c.num_layers)}}
+        self.layer_arrays = tuple(_layer_arrays(layer, qkv, gate_up, self.rope_tables[self._rope_base(i)],
+                                                c.layer_window(i))
+                                  for i, (layer, qkv, gate_up) in enumerate(zip(weights.layers, self.qkv,
+                                                                                self.gate_up)))
         types = sorted({m.quant.name: m.quant for layer in weights.layers for m in _matrices(layer)}.items())
         index = {name: i for i, (name, _) in enumerate(types)}
         self.kernel_of = np.array([index[m.quant.name] for layer in weights.layers for m in _matrices(layer)], np.int32)
@@ -97,18 +103,24 @@ class Transformer:
                             for k in ("hidden", "q", "ffn"))
         self.head_input = new_scratch(max_logits_rows, c.hidden_size, set(weights.output.scratch_slots),
                                       allocator("head"))
-        rope_cos, rope_sin = ops.rope_tables(max_context, c.rotary_dims, c.rope_freq_base)
         self.attention_work = attention_work(c.num_heads, c.num_kv_heads, c.head_dim, max_context,
                                              lambda shape, dtype: guards.zeros("attention work", shape, dtype))
+        attention_scale = np.float32(c.attention_scale) if c.attention_scale else \
+            np.float32(1.0) / np.sqrt(np.float32(c.head_dim))          # 1.0f/sqrtf(d) as llama.cpp
         self.consts = LayerConsts(
-            np.float32(c.rms_norm_eps), rope_cos, rope_sin, c.rope_neox, c.num_heads, c.num_kv_heads, c.head_dim,
-            np.float32(1.0) / np.sqrt(np.float32(c.head_dim)),          # 1.0f/sqrtf(d) as llama.cpp
-            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16), bool(avx512))
+            np.float32(c.rms_norm_eps), c.rope_neox, c.num_heads, c.num_kv_heads, c.head_dim, attention_scale,
+            self.attention_work, np.zeros(c.head_dim, np.float32), np.zeros(8, np.uint16), bool(avx512),
+            np.float32(c.query_scale), gelu_table() if c.activation == "gelu" else _EMPTY_F32)
+        self.embedding_scale = np.float32(c.embedding_scale)
         # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
         self.embedding_from_head = weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
         # Otherwise the type's GGUF-layout row lookup (Q8_0, Q5_0, Q5_1, the K-quants), else NumPy.
         self.embed_rows = getattr(weights.embedding_quant.kernels, "embed_rows", None)
+
+    def _rope_base(self, layer: int) -> float:
+        c = self.config
+        return c.rope_freq_base_swa if c.layer_window(layer) else c.rope_freq_base
 
     def resident_arrays(self) -> list:
         """Every array a forward pass reads or writes: weights and buffers (to lock them in RAM)."""
@@ -118,10 +130,11 @@ class Transformer:
             arrays.append(w.embedding_raw)
         for layer in self.layer_arrays:
             arrays += [layer.attn_norm, layer.ffn_norm, layer.q_bias, layer.k_bias, layer.v_bias, *layer.packed,
-                       *layer.tails, *layer.part_ends]
+                       *layer.tails, *layer.part_ends, layer.q_norm, layer.k_norm, layer.post_attn_norm,
+                       layer.post_ffn_norm]
         c = self.consts
-        arrays += [*self.buffers, self.logits, self.final_normed, c.rope_cos, c.rope_sin, c.attention_work, c.kv_row,
-                   c.kv_bits]
+        arrays += [*self.buffers, self.logits, self.final_normed, c.attention_work, c.kv_row, c.kv_bits, c.gelu_table]
+        arrays += [table for pair in self.rope_tables.values() for table in pair]
         for scratch in (*self.inputs, self.head_input):
             arrays += list(scratch)
         return [a for a in arrays if a is not None and a.size]
@@ -134,6 +147,8 @@ class Transformer:
             self.embed_rows(w.embedding_raw, token_ids, out)
         else:
             out[:] = w.embedding_quant.dequantize(w.embedding_raw[token_ids])
+        if self.embedding_scale != 1.0:                 # gemma3: ggml_scale by sqrtf(hidden)
+            ops.scale_in_place(out, self.embedding_scale)
 
     def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
@@ -163,6 +178,9 @@ class Transformer:
         ops.rms_norm(selected, self.weights.output_norm, c.rms_norm_eps, final)
         logits = self.logits[:rows]
         self.weights.output.apply(final, self.head_input, logits, parallel)
+        if c.final_logit_softcapping:
+            cap = np.float32(c.final_logit_softcapping)
+            np.multiply(np.tanh(logits * (np.float32(1.0) / cap)), cap, out=logits)
         return logits
 
 
@@ -170,7 +188,7 @@ def _matrices(layer) -> tuple:
     return (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
 
 
-def _layer_arrays(layer, qkv: FusedLinear, gate_up: FusedLinear) -> LayerArrays:
+def _layer_arrays(layer, qkv: FusedLinear, gate_up: FusedLinear, rope: tuple, window: int) -> LayerArrays:
     """One layer's arrays in the layer kernel's order (kernels/layers.py); a fused group's
     first matrix holds the concatenation, the others are left empty."""
     matrices = list(_matrices(layer))
@@ -187,4 +205,5 @@ def _layer_arrays(layer, qkv: FusedLinear, gate_up: FusedLinear) -> LayerArrays:
     bias = lambda b: _EMPTY_F32 if b is None else np.ascontiguousarray(b)
     return LayerArrays(np.ascontiguousarray(layer.attn_norm), np.ascontiguousarray(layer.ffn_norm),
                        bias(layer.q_bias), bias(layer.k_bias), bias(layer.v_bias), tuple(packed), tuple(tails),
-                       tuple(ends), qkv.fused, gate_up.fused)
+                       tuple(ends), qkv.fused, gate_up.fused, bias(layer.q_norm), bias(layer.k_norm),
+                       bias(layer.post_attn_norm), bias(layer.post_ffn_norm), rope[0], rope[1], np.int64(window))

@@ -61,7 +61,13 @@ PRE_TOKENIZERS: dict[str, PreTokenizerRule] = {
     "llama-v3": _LLAMA3_RULE,
 }
 
-SUPPORTED_TOKENIZER_MODELS = ("gpt2",)  # tokenizer.ggml.model values (byte-level BPE)
+SUPPORTED_TOKENIZER_MODELS = ("gpt2", "llama")  # tokenizer.ggml.model: byte-level BPE, SentencePiece
+
+# llama.cpp's defaults for a "llama" (SentencePiece) vocabulary whose GGUF does not say
+SPM_DEFAULT_BOS_ID = 1
+SPM_DEFAULT_EOS_ID = 2
+SPM_DEFAULT_ADD_BOS = True
+SPM_DEFAULT_ADD_SPACE_PREFIX = True
 
 # llama.cpp's defaults for a "gpt2" vocabulary whose GGUF names no bos/eos id
 GPT2_DEFAULT_BOS_ID = 11

@@ -27,6 +27,14 @@ class LayerWeights:
     gate: Linear          # (intermediate, hidden)
     up: Linear            # (intermediate, hidden)
     down: Linear          # (hidden, intermediate)
+    q_norm: Optional[np.ndarray] = None          # (head_dim,) f32, per-head RMSNorm weights (gemma3)
+    k_norm: Optional[np.ndarray] = None
+    post_attn_norm: Optional[np.ndarray] = None  # (hidden,) f32, on the attention output (gemma3)
+    post_ffn_norm: Optional[np.ndarray] = None   # (hidden,) f32, on the FFN output (gemma3)
+
+    def norms(self) -> list:
+        return [n for n in (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm, self.post_attn_norm,
+                            self.post_ffn_norm) if n is not None]
 
 
 @dataclass
@@ -36,6 +44,7 @@ class ModelWeights:
     output_norm: np.ndarray        # (hidden,) f32
     output: Linear        # (vocab, hidden); token_embd when tied
     layers: list
+    rope_freqs: Optional[np.ndarray] = None   # (rotary_dims/2,) f32: Llama 3.x RoPE frequency factors
 
     def layer_linears(self) -> list:
         """Every layer's weight matrices (q, k, v, o, gate, up, down of each layer, in order)."""
@@ -48,7 +57,7 @@ class ModelWeights:
         if self.output.raw is not self.embedding_raw:
             total += self.output.raw.nbytes
         total += sum(linear.raw.nbytes for linear in self.layer_linears())
-        return total + sum(layer.attn_norm.nbytes + layer.ffn_norm.nbytes for layer in self.layers)
+        return total + sum(norm.nbytes for layer in self.layers for norm in layer.norms())
 
 
 def _tensor(gguf: GGUFFile, name: str, expected_shape: tuple[int, ...]):
@@ -109,6 +118,12 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, progress=no_progress) -> M
         ))
         if config.has_qkv_bias and layers[-1].q_bias is None:
             raise GGUFError(f"{gguf.path}: {config.architecture} needs tensor {prefix + 'attn_q.bias'!r}, missing")
+        if config.has_qk_norm:           # RMSNorm weights as stored: gemma3's converter already added the 1
+            layers[-1].q_norm = _vector(gguf, prefix + "attn_q_norm.weight", config.head_dim)
+            layers[-1].k_norm = _vector(gguf, prefix + "attn_k_norm.weight", config.head_dim)
+        if config.has_post_norms:
+            layers[-1].post_attn_norm = _vector(gguf, prefix + "post_attention_norm.weight", hidden)
+            layers[-1].post_ffn_norm = _vector(gguf, prefix + "post_ffw_norm.weight", hidden)
         done_mb += matrix_mb[i]
         progress("repack", done_mb, total_mb, "MB")
     embedding = _tensor(gguf, "token_embd.weight", (hidden, config.vocab_size))
@@ -124,4 +139,5 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, progress=no_progress) -> M
         output_norm=_vector(gguf, "output_norm.weight", hidden),
         output=output,
         layers=layers,
+        rope_freqs=_optional_vector(gguf, "rope_freqs.weight", config.rotary_dims // 2),
     )

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from typing import Callable
 
-from edge_slm_node.msg import Command
+from edge_slm_node.msg import Command, ToolCall
 
 from ..engine.engine import UnknownSessionError
 from ..engine.sampling import InvalidRequestError
@@ -17,10 +17,11 @@ from . import convert
 
 
 class CommandStreams:
-    def __init__(self, node, gate, token_publisher, max_early_commands: int):
+    def __init__(self, node, gate, token_publisher, max_early_commands: int, tool_call_publisher):
         self.node = node                       # runtime settings, status changes, logger
         self.gate = gate
         self.token_publisher = token_publisher
+        self.tool_call_publisher = tool_call_publisher
         self.logger = node.get_logger()
         self._lock = threading.Lock()
         self._chunk_seq: dict = {}
@@ -73,26 +74,39 @@ class CommandStreams:
         """Queue one turn (raises InvalidRequestError / UnknownSessionError); -> whether it
         created the session. on_event(event, key) runs on the engine thread."""
         runtime = self.node.runtime
-        key = (command.session_id, request_id)
         session_id = convert.check_session_id(command.session_id)
         params = convert.sampling_from_command(command, runtime.defaults)
         created = session_id not in engine.sessions
         if created and not runtime.auto_create_sessions:
             raise UnknownSessionError(f"unknown session {session_id!r} (auto_create_sessions is false)")
+        self._queue(session_id, request_id, lambda listener: engine.submit(
+            session_id, command.text, params, on_event=listener,
+            create_if_missing=runtime.auto_create_sessions, owner_key=command.owner_key), on_event)
+        return created
+
+    def submit_tool_result(self, engine, request) -> None:
+        """A SubmitToolResult request: the tool turn queued, its answer streamed on `tokens` under
+        the request's request_id with the node's default sampling (raises as submit does)."""
+        session_id = convert.check_session_id(request.session_id)
+        self._queue(session_id, request.request_id, lambda listener: engine.submit_tool_result(
+            session_id, request.call_id, request.content, self.node.runtime.defaults, on_event=listener,
+            owner_key=request.owner_key), lambda event, key: self._publish_event(event, key))
+
+    def _queue(self, session_id: str, request_id: int, submit: Callable, on_event: Callable) -> None:
+        """submit(listener) with the (session, request_id) pair marked in flight until its final event."""
+        key = (session_id, request_id)
         with self._lock:
             if key in self._in_flight:
                 raise InvalidRequestError(f"request_id {request_id} is already pending on session "
                                           f"{session_id!r}; use a new request_id per command")
             self._in_flight.add(key)
         try:
-            engine.submit(session_id, command.text, params, on_event=lambda event, k=key: on_event(event, k),
-                          create_if_missing=runtime.auto_create_sessions, owner_key=command.owner_key)
+            submit(lambda event, k=key: on_event(event, k))
         except BaseException:
             with self._lock:
                 self._in_flight.discard(key)
             raise
         self.node.wake_engine()
-        return created
 
     def next_seq(self, event, key) -> int:
         """The chunk number of this event; a final event retires the request."""
@@ -118,6 +132,7 @@ class CommandStreams:
             seq = self.next_seq(event, key)
             reason = event.finish_reason.value if event.finish_reason is not None else ""
             error = self.final_error(event)
+            self.publish_tool_calls(event, request_id)
             self.token_publisher.publish(convert.token_chunk(request.session_id, request_id, seq, event.text,
                                                              request, finish_reason=reason, error=error))
             if event.finish_reason is not None and error:
@@ -127,6 +142,16 @@ class CommandStreams:
                               f"failed: {type(error).__name__}: {error}")
         if event.finish_reason is not None:
             self.node.status_changed()
+
+    def publish_tool_calls(self, event, request_id: int) -> None:
+        """A final event's tool calls on `tool_calls` (before its final chunk or action result)."""
+        request = event.request
+        for call in request.tool_calls if event.finish_reason is not None else ():
+            self.tool_call_publisher.publish(ToolCall(session_id=request.session_id, request_id=request_id,
+                                                      call_id=call.call_id, name=call.name,
+                                                      arguments_json=call.arguments_json))
+            self.logger.info(f"request {request_id} of {request.session_id!r} called {call.name} "
+                             f"({call.call_id}): {call.arguments_json[:200]}")
 
     def publish_error(self, command: Command, error: str) -> None:
         self.logger.warning(f"command {command.request_id} for session {command.session_id[:64]!r} "

@@ -31,6 +31,8 @@ def sampling_from_command(command, defaults: SamplingParams) -> SamplingParams:
         top_p=defaults.top_p if command.top_p <= 0 else float(command.top_p),
         seed=None if command.seed < 0 else int(command.seed),
         stop=tuple(command.stop),
+        json_schema=command.json_schema,
+        grammar=command.grammar,
     )
 
 

@@ -18,7 +18,7 @@ from ..engine.engine import UnknownSessionError
 from ..engine.sampling import InvalidRequestError
 from .guard import guarded_call
 
-SUCCEEDED_REASONS = ("stop", "length", "context_full")
+SUCCEEDED_REASONS = ("stop", "length", "context_full", "tool_calls")
 EVENT_POLL_S = 1.0
 
 
@@ -107,6 +107,7 @@ class GenerateServer:
                     self.logger.warning(f"generate feedback {seq} not published: {error}")
             if event.finish_reason is not None:
                 request = event.request
+                self.commands.publish_tool_calls(event, result.request_id)
                 result.prompt_tokens = len(request.prompt_ids)
                 result.cached_prompt_tokens = request.cached_prompt_tokens
                 result.completion_tokens = len(request.generated_ids)

@@ -20,7 +20,7 @@ from rclpy.executors import ExternalShutdownException
 from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-from edge_slm_node.msg import Command, TokenChunk
+from edge_slm_node.msg import Command, TokenChunk, ToolCall
 
 from ..engine.config import ConfigError
 from ..engine.engine import Engine
@@ -77,7 +77,10 @@ class EdgeSlmNode(LifecycleNode):
         depth = int(values["qos_depth"])
         self.token_publisher = self.create_publisher(TokenChunk, "tokens", QoSProfile(
             depth=depth, reliability=ReliabilityPolicy.RELIABLE))
-        self.commands = CommandStreams(self, self.gate, self.token_publisher, int(values["max_queued_requests"]))
+        self.tool_call_publisher = self.create_publisher(ToolCall, "tool_calls", QoSProfile(
+            depth=depth, reliability=ReliabilityPolicy.RELIABLE))
+        self.commands = CommandStreams(self, self.gate, self.token_publisher, int(values["max_queued_requests"]),
+                                       self.tool_call_publisher)
         self.command_callback = guarded_subscription(log, "command", self.commands.on_command,
                                                      self.commands.publish_error)
         # commands are never dropped silently: reliable keep-all applies back-pressure to a flooding

@@ -16,6 +16,7 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 from ..engine.config import ConfigError, EngineConfig
 from ..engine.config_files import read_system_prompt
 from ..engine.sampling import SamplingParams
+from ..engine.tools import ToolsFileError, read_tools_file
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ PARAMETERS = {
     "top_p": _S(0.95, "default top-p when a command says <= 0; in (0, 1]", 0.0, 1.0, True),
     "repetition_penalty": _S(1.0, "default repetition penalty, in (0, 10]; 1 = off", 0.0, 10.0, True),
     "system_prompt_file": _S("", "empty = bundled config/cnc_system_prompt.txt"),
+    "tools_file": _S("", "YAML file declaring the cell's tools (JSON-schema parameters); empty = no tools"),
     "auto_create_sessions": _S(True, "a command for an unknown session creates it", run_time=True),
     "status_rate_hz": _S(1.0, "pool_status and /diagnostics rate, in (0, 100]", 0.0, 100.0, True),
     "session_idle_timeout_s": _S(1800.0, "idle sessions are destroyed after this; 0 = never", 0.0, 1e9, True),
@@ -155,6 +157,10 @@ def settings_from_values(values: dict) -> NodeSettings:
         system_prompt = read_system_prompt(values["system_prompt_file"])
     except (OSError, ValueError) as error:
         raise ConfigError(f"parameter system_prompt_file={values['system_prompt_file']!r}: {error}") from error
+    try:
+        tools = read_tools_file(values["tools_file"])
+    except ToolsFileError as error:
+        raise ConfigError(f"parameter tools_file: {error}") from error
     engine = EngineConfig(
         model_path=values["model_path"], kv_pool_mb=values["kv_pool_mb"] or 1.0,
         block_size=values["block_size"], max_sessions=values["max_sessions"],
@@ -163,7 +169,7 @@ def settings_from_values(values: dict) -> NodeSettings:
         max_pending_per_session=runtime.max_pending_per_session,
         queue_timeout_s=runtime.queue_timeout_s, max_input_chars=values["max_input_chars"],
         max_new_tokens_limit=values["max_context_tokens"], lock_memory=bool(values["lock_memory"]),
-        guard_zones=bool(values["guard_zones"]),
+        guard_zones=bool(values["guard_zones"]), tools=tools,
     ).validate()
     return NodeSettings(engine, runtime, int(values["qos_depth"]), int(values["service_queue_depth"]),
                         float(values["memory_cap_fraction"]), float(values["memory_reserve_fraction"]),

@@ -1,10 +1,10 @@
-"""The session services: create, destroy, reset, cancel. Each answers at once; only a call on a
-session inside the running forward pass waits for it (one step)."""
+"""The session services: create, destroy, reset, cancel, submit_tool_result. Each answers at once;
+only a call on a session inside the running forward pass waits for it (one step)."""
 from __future__ import annotations
 
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
-from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, ResetSession
+from edge_slm_node.srv import CancelGeneration, CreateSession, DestroySession, ResetSession, SubmitToolResult
 
 from ..engine.engine import UnknownSessionError
 from ..engine.sampling import InvalidRequestError
@@ -13,11 +13,12 @@ from .guard import RateLimiter, guarded_service, rate_limited
 from .process_memory import own_profile_loaded
 
 SERVICE_TYPES = {"create_session": CreateSession, "destroy_session": DestroySession,
-                 "reset_session": ResetSession, "cancel_generation": CancelGeneration}
+                 "reset_session": ResetSession, "cancel_generation": CancelGeneration,
+                 "submit_tool_result": SubmitToolResult}
 
 
 def create_session_services(node, gate, callback_group, queue_depth: int, rate_limit_hz: float) -> RateLimiter:
-    """The four services, guarded and rate limited together; -> their limiter (its rate can change).
+    """The session services, guarded and rate limited together; -> their limiter (its rate can change).
     Each answers every request it takes, an error when over the rate limit."""
     qos = session_service_qos(queue_depth, node.get_logger())
     limiter = RateLimiter(rate_limit_hz)
@@ -56,7 +57,8 @@ class SessionServices:
 
     def handlers(self) -> dict:
         return {"create_session": self.on_create_session, "destroy_session": self.on_destroy_session,
-                "reset_session": self.on_reset_session, "cancel_generation": self.on_cancel_generation}
+                "reset_session": self.on_reset_session, "cancel_generation": self.on_cancel_generation,
+                "submit_tool_result": self.on_submit_tool_result}
 
     @staticmethod
     def _refuse(response, refusal: str):
@@ -111,3 +113,19 @@ class SessionServices:
 
     def on_cancel_generation(self, request, response):
         return self._session_call(response, lambda e: e.cancel(request.session_id, request.owner_key), "cancel")
+
+    def on_submit_tool_result(self, request, response):
+        """Queues the tool turn and answers at once; the continued answer streams on `tokens`."""
+        with self.gate.enter() as (engine, refusal):
+            if engine is None:
+                return self._refuse(response, refusal)
+            try:
+                self.node.commands.submit_tool_result(engine, request)
+            except (UnknownSessionError, InvalidRequestError) as error:
+                self.logger.warning(f"submit_tool_result refused: {error}")
+                return self._refuse(response, str(error))
+        response.success = True
+        response.message = (f"result of {request.call_id!r} queued; the answer streams on tokens as request_id "
+                            f"{request.request_id}")
+        self.node.status_changed()
+        return response

@@ -97,6 +97,53 @@ def test_prefill_is_causal_on_top_of_cached_tokens(block_size, cached, new):
         np.testing.assert_allclose(out[i], expected, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("window", [1, 5, 40, 64, 100])
+@pytest.mark.parametrize("cached,new,prompt", [(0, 150, True), (70, 61, True), (130, 9, True), (190, 3, False)])
+@pytest.mark.parametrize("avx512", [False, True])
+def test_sliding_window_sees_only_the_last_window_positions(window, cached, new, prompt, avx512):
+    """window > 0 (gemma3's local layers): token at position p attends to [p + 1 - window, p] only,
+    read through the same scattered block table; prompt and decode orders, spans starting past 0."""
+    rng = np.random.default_rng(window * 1000 + cached + new)
+    heads, kv_heads, head_dim, block_size, num_blocks = 8, 2, 16, 16, 16
+    total = cached + new
+    table = scatter_blocks(rng, total, block_size, num_blocks)[None, :]
+    k_cache = np.zeros((num_blocks, block_size, kv_heads, head_dim), np.uint16)
+    v_cache = np.zeros_like(k_cache)
+    k = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
+    v = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
+    slots = np.array([table[0, p // block_size] * block_size + p % block_size for p in range(total)], np.int32)
+    write_kv(k, v, slots, k_cache, v_cache, np.zeros(head_dim, np.float32), np.zeros(8, np.uint16))
+    q = rng.standard_normal((new, heads, head_dim)).astype(np.float32)
+    positions = np.arange(cached, total, dtype=np.int32)
+    out = np.zeros_like(q)
+    paged_attention(q.copy(), k_cache, v_cache, table, np.zeros(new, np.int32), positions + 1,
+                    np.full(new, prompt, np.uint8), np.float32(0.3), out, avx512=avx512, window=window)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    for i, p in enumerate(positions):
+        first = max(0, p + 1 - window)
+        expected = reference_attention(q[i], k16[first:p + 1], v16[first:p + 1], 0.3)
+        np.testing.assert_allclose(out[i], expected, rtol=RTOL, atol=ATOL)
+
+
+def test_a_window_wider_than_the_context_is_bit_equal_to_full_attention():
+    rng = np.random.default_rng(5)
+    heads, kv_heads, head_dim, block_size = 4, 1, 256, 16
+    total = 90
+    table = scatter_blocks(rng, total, block_size, 8)[None, :]
+    k_cache = rng.standard_normal((8, block_size, kv_heads, head_dim)).astype(np.float16).view(np.uint16)
+    v_cache = rng.standard_normal((8, block_size, kv_heads, head_dim)).astype(np.float16).view(np.uint16)
+    q = rng.standard_normal((total, heads, head_dim)).astype(np.float32)
+    outs = []
+    for window in (0, total, 512):
+        out = np.zeros_like(q)
+        paged_attention(q.copy(), k_cache, v_cache, table, np.zeros(total, np.int32),
+                        np.arange(1, total + 1, dtype=np.int32), np.ones(total, np.uint8), np.float32(1.0), out,
+                        window=window)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+
+
 # ------------------------------------------------- frozen reference: the kernels before vectorizing
 # Verbatim copies (renamed) of write_kv / paged_attention as of commit c02f1b9: the fast
 # kernels must stay bit-for-bit equal to them.

@@ -1,4 +1,4 @@
-"""Our forward pass on small random GGUF files (llama and qwen2 layouts, several quant types)
+"""Our forward pass on small random GGUF files (llama, qwen2, qwen3 and gemma3 layouts, several quant types)
 against a float64 NumPy reference that reads the same file."""
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ from edge_slm_node.kernels import quants as q
 from edge_slm_node.model.gguf_file import GGUFError
 from edge_slm_node.model.loader import load_model
 from edge_slm_node.model.transformer import ForwardBatch, Transformer
-from tiny_models import reference_logits, write_tiny_model
+from tiny_models import GEMMA3_WINDOW, reference_logits, write_tiny_model
 
 BLOCK = 4
 
@@ -30,7 +30,7 @@ def run_paged(model, token_ids, chunks, parallel=True):
     return np.concatenate(logits)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("weight_quant,embedding_quant,tolerance", [
     (q.F32, q.F32, 0.01), (q.F16, q.F16, 0.01), (q.Q8_0, q.Q8_0, 0.03), (q.Q4_0, q.Q8_0, 0.05),
     (q.Q4_1, q.Q8_0, 0.05), (q.Q4_1, q.Q4_1, 0.05)])
@@ -54,7 +54,7 @@ def test_chunked_prefill_equals_one_pass(tmp_path):
     np.testing.assert_array_equal(whole, pieces)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("weight_quant", [q.Q4_1, q.Q4_0, q.Q8_0, q.F16])
 def test_single_threaded_forward_equals_the_thread_pool_one(tmp_path, arch, weight_quant):
     """forward(parallel=False) runs every kernel on the calling thread, parallel=True the big ones
@@ -65,6 +65,32 @@ def test_single_threaded_forward_equals_the_thread_pool_one(tmp_path, arch, weig
     chunks = [6, 1, 4, 1, 1]
     np.testing.assert_array_equal(run_paged(model, tokens, chunks, parallel=False),
                                   run_paged(model, tokens, chunks, parallel=True))
+
+
+@pytest.mark.parametrize("weight_quant,tolerance", [(q.F32, 0.01), (q.Q8_0, 0.03)])
+def test_gemma3_sliding_window_past_the_window_matches_numpy_reference(tmp_path, weight_quant, tolerance):
+    """100 tokens with a 20-position window on the local layers (the third layer global), prefilled
+    in chunks and then one token at a time: every token's logits against the float64 reference
+    with the window mask."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", "gemma3", weight_quant, q.Q8_0, layers=3)
+    model = load_model(str(path))
+    assert model.config.swa_layers == (True, True, False) and model.config.sliding_window == GEMMA3_WINDOW
+    assert model.config.head_dim == 32 and model.config.q_size == 128 != model.config.hidden_size
+    tokens = list(np.random.default_rng(4).integers(0, model.config.vocab_size, 100))
+    ours = run_paged(model, tokens, [40, 30, 25, 1, 1, 1, 1, 1])
+    expected = reference_logits(path, tokens)
+    scale = np.abs(expected).max()
+    assert np.abs(ours - expected).max() <= tolerance * scale, (np.abs(ours - expected).max(), scale)
+    assert (ours.argmax(1) == expected.argmax(1)).mean() >= 0.9
+    full_window = reference_logits(path, tokens, window=0)        # the window is not a no-op here
+    assert np.abs(full_window - expected)[GEMMA3_WINDOW + 5:].max() > 10 * np.abs(ours - expected).max()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_unsupported_rope_scaling_is_named_with_what_is_supported(tmp_path, arch):
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, extra_metadata={f"{arch}.rope.scaling.type": "yarn"})
+    with pytest.raises(GGUFError, match=f"{arch}.rope.scaling.type = 'yarn' unsupported \\(supported: none"):
+        load_model(str(path))
 
 
 def test_forward_checks_the_context_before_the_kernels(tmp_path):

@@ -232,7 +232,9 @@ def test_from_gguf_reader_on_written_file(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"tokenizer.ggml.pre": "falcon"}, "unsupported pre-tokenizer 'falcon'"),
-    ({"tokenizer.ggml.model": "llama"}, "unsupported tokenizer model 'llama'"),
+    ({"tokenizer.ggml.model": "bert"}, "unsupported tokenizer model 'bert'.*supported: \\['gpt2', 'llama'\\]"),
+    ({"tokenizer.ggml.model": "llama"}, "GGUF metadata has no tokenizer.ggml.scores"),   # SentencePiece
+    ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.scores": [0.0]}, "1 scores for 258 tokens"),
     ({"tokenizer.ggml.model": None}, "unsupported tokenizer model None"),
     ({"tokenizer.ggml.token_type": [1, 1]}, "2 token types for 258 tokens"),
     ({"tokenizer.ggml.eos_token_id": 9999}, "eos token id 9999 is outside the vocabulary of 258"),
