@@ -71,13 +71,9 @@ def test_decode_matches_reference(block_size, context_lengths, heads, kv_heads):
         np.testing.assert_allclose(out[s], expected[s], rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("cached,new", [(0, 1), (0, 23), (5, 11), (16, 16), (31, 2)])
-def test_prefill_is_causal_on_top_of_cached_tokens(block_size, cached, new):
-    """Many new tokens of one sequence; token i attends to positions [0, cached + i]."""
-    rng = np.random.default_rng(cached * 7 + new)
-    heads, kv_heads, head_dim, num_blocks = 6, 2, 8, 32
-    total = cached + new
+def cached_sequence(rng, total, block_size, num_blocks, kv_heads, head_dim):
+    """One sequence's random K/V for `total` positions written through a scattered block table;
+    -> (table (1, blocks), k_cache, v_cache, k, v, slots)."""
     table = scatter_blocks(rng, total, block_size, num_blocks)[None, :]
     k_cache = np.zeros((num_blocks, block_size, kv_heads, head_dim), np.uint16)
     v_cache = np.zeros_like(k_cache)
@@ -85,6 +81,17 @@ def test_prefill_is_causal_on_top_of_cached_tokens(block_size, cached, new):
     v = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
     slots = np.array([table[0, p // block_size] * block_size + p % block_size for p in range(total)], np.int32)
     write_kv(k, v, slots, k_cache, v_cache, np.zeros(head_dim, np.float32), np.zeros(8, np.uint16))
+    return table, k_cache, v_cache, k, v, slots
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("cached,new", [(0, 1), (0, 23), (5, 11), (16, 16), (31, 2)])
+def test_prefill_is_causal_on_top_of_cached_tokens(block_size, cached, new):
+    """Many new tokens of one sequence; token i attends to positions [0, cached + i]."""
+    rng = np.random.default_rng(cached * 7 + new)
+    heads, kv_heads, head_dim, num_blocks = 6, 2, 8, 32
+    total = cached + new
+    table, k_cache, v_cache, k, v, slots = cached_sequence(rng, total, block_size, num_blocks, kv_heads, head_dim)
     np.testing.assert_array_equal(k_cache.reshape(-1, kv_heads, head_dim)[slots], k.astype(np.float16).view(np.uint16))
     q = rng.standard_normal((new, heads, head_dim)).astype(np.float32)
     positions = np.arange(cached, total, dtype=np.int32)
@@ -106,13 +113,7 @@ def test_sliding_window_sees_only_the_last_window_positions(window, cached, new,
     rng = np.random.default_rng(window * 1000 + cached + new)
     heads, kv_heads, head_dim, block_size, num_blocks = 8, 2, 16, 16, 16
     total = cached + new
-    table = scatter_blocks(rng, total, block_size, num_blocks)[None, :]
-    k_cache = np.zeros((num_blocks, block_size, kv_heads, head_dim), np.uint16)
-    v_cache = np.zeros_like(k_cache)
-    k = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
-    v = rng.standard_normal((total, kv_heads, head_dim)).astype(np.float32)
-    slots = np.array([table[0, p // block_size] * block_size + p % block_size for p in range(total)], np.int32)
-    write_kv(k, v, slots, k_cache, v_cache, np.zeros(head_dim, np.float32), np.zeros(8, np.uint16))
+    table, k_cache, v_cache, k, v, slots = cached_sequence(rng, total, block_size, num_blocks, kv_heads, head_dim)
     q = rng.standard_normal((new, heads, head_dim)).astype(np.float32)
     positions = np.arange(cached, total, dtype=np.int32)
     out = np.zeros_like(q)

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_slm_node.kv.arena import KVArena
 from edge_slm_node.model import catalog
 from edge_slm_node.model.chat_prompt import ChatPrompt
-from edge_slm_node.model.transformer import ForwardBatch, Transformer
+from edge_slm_node.model.transformer import Transformer
+from scattered_greedy import scattered_greedy
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 GREEDY = json.loads((FIXTURES / "llama_cpp_greedy_gemma-3-270m.json").read_text())
@@ -30,7 +30,6 @@ MODEL = catalog.get("gemma-3-270m-q4_k_m")
 AVX512 = "AVX512 = 1" in GREEDY["provenance"]["llama_cpp_system_info"]
 N_BATCH = GREEDY["settings"]["n_batch"]
 MUST_MATCH = 32
-BLOCK = 16
 
 
 @pytest.fixture(scope="module")
@@ -48,30 +47,6 @@ def runner(model):
                        avx512=AVX512)
 
 
-def greedy(model, runner, prompt_ids, count):
-    """Prefill in n_batch chunks through a scattered block table, then decode greedily."""
-    blocks = 48
-    arena = KVArena(model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, num_blocks=blocks,
-                    block_size=BLOCK)
-    table = np.random.default_rng(len(prompt_ids)).permutation(blocks).astype(np.int32)[None, :]
-
-    def run(tokens, start):
-        pos = np.arange(start, start + len(tokens), dtype=np.int32)
-        slots = (table[0, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
-        batch = ForwardBatch(np.array(tokens, np.int32), pos, np.zeros(len(tokens), np.int32), pos + 1, slots,
-                             table, np.array([len(tokens) - 1], np.int32))
-        return runner.forward(batch, arena.data)[0].copy()
-
-    for start in range(0, len(prompt_ids), N_BATCH):
-        logits = run(prompt_ids[start:start + N_BATCH], start)
-    first_logits = logits
-    out = []
-    for _ in range(count):
-        out.append(int(np.argmax(logits)))
-        logits = run([out[-1]], len(prompt_ids) + len(out) - 1)
-    return out, first_logits
-
-
 def test_fixture_provenance_and_coverage(model):
     provenance = GREEDY["provenance"]
     assert provenance["gguf_file"] == "gemma-3-270m-q4_k_m.gguf"
@@ -87,7 +62,7 @@ def test_fixture_provenance_and_coverage(model):
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
 def test_greedy_ids_equal_llama_cpp(model, runner, case):
-    ours, first_logits = greedy(model, runner, case["prompt_ids"], MUST_MATCH)
+    ours, first_logits = scattered_greedy(model, runner, case["prompt_ids"], MUST_MATCH, blocks=48, chunk=N_BATCH)
     assert ours == case["generated_ids"][:MUST_MATCH]
     top5 = case["top5"][0]
     np.testing.assert_allclose(first_logits[top5["ids"]], top5["logits"], rtol=1e-5, atol=1e-5)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_slm_node.kv.arena import KVArena
-from edge_slm_node.model.transformer import ForwardBatch, Transformer
+from edge_slm_node.model.transformer import Transformer
+from scattered_greedy import BLOCK, scattered_greedy
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 GREEDY = json.loads((FIXTURES / "llama_cpp_greedy_qwen2.5-coder-0.5b.json").read_text())
@@ -26,7 +26,6 @@ CASES = GREEDY["cases"]
 MODEL_PATH = Path.home() / ".cache" / "edge_slm_node" / "models" / GREEDY["provenance"]["gguf_file"]
 AVX512 = "AVX512 = 1" in GREEDY["provenance"]["llama_cpp_system_info"]
 MUST_MATCH = 32
-BLOCK = 16
 
 
 def _sha256(path: Path) -> str:
@@ -53,29 +52,6 @@ def runner(model):
                        avx512=AVX512)
 
 
-def greedy(model, runner, prompt_ids, count):
-    """Prefill the prompt as one batch through a scattered block table, then decode greedily."""
-    blocks = 40
-    arena = KVArena(model.config.num_layers, model.config.num_kv_heads, model.config.head_dim, num_blocks=blocks,
-                    block_size=BLOCK)
-    table = np.random.default_rng(len(prompt_ids)).permutation(blocks).astype(np.int32)[None, :]
-
-    def run(tokens, start):
-        pos = np.arange(start, start + len(tokens), dtype=np.int32)
-        slots = (table[0, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
-        batch = ForwardBatch(np.array(tokens, np.int32), pos, np.zeros(len(tokens), np.int32), pos + 1, slots,
-                             table, np.array([len(tokens) - 1], np.int32))
-        return runner.forward(batch, arena.data)[0].copy()
-
-    logits = run(prompt_ids, 0)
-    first_logits = logits
-    out = []
-    for _ in range(count):
-        out.append(int(np.argmax(logits)))
-        logits = run([out[-1]], len(prompt_ids) + len(out) - 1)
-    return out, first_logits
-
-
 def test_fixture_provenance_and_coverage():
     provenance = GREEDY["provenance"]
     assert provenance["gguf_file"] == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -87,7 +63,7 @@ def test_fixture_provenance_and_coverage():
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
 def test_greedy_ids_equal_llama_cpp(model, runner, case):
-    ours, first_logits = greedy(model, runner, case["prompt_ids"], MUST_MATCH)
+    ours, first_logits = scattered_greedy(model, runner, case["prompt_ids"], MUST_MATCH, blocks=40)
     assert ours == case["generated_ids"][:MUST_MATCH]
     top5 = case["top5"][0]
     np.testing.assert_allclose(first_logits[top5["ids"]], top5["logits"], rtol=1e-5, atol=1e-5)
