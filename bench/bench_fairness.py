@@ -1,6 +1,7 @@
 """First-token time of an operator's short command while the node is busy with long answers.
 
     .venv/bin/python bench/bench_fairness.py [--long 8] [--queued 16] [--long-tokens 2048] [--runs 3]
+                                             [--max-batch-tokens 128]
 
 `--long` sessions decode `--long-tokens` tokens each on the shared CNC prompt, `--queued` more
 long commands wait behind them, then one 16-token operator command arrives; the figure is the
@@ -56,13 +57,16 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--fair-share-steps", type=int, default=EngineConfig.fair_share_steps)
     parser.add_argument("--kv-pool-mb", type=float, default=64.0)
+    parser.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
     args = parser.parse_args()
     engine = Engine(EngineConfig(kv_pool_mb=args.kv_pool_mb, max_context_tokens=2048, max_sessions=64,
                                  max_queued_requests=64, system_prompt=default_system_prompt(),
-                                 fair_share_steps=args.fair_share_steps, queue_timeout_s=3600))
+                                 fair_share_steps=args.fair_share_steps, queue_timeout_s=3600,
+                                 max_batch_tokens=args.max_batch_tokens))
     runs = [one_run(engine, args) for _ in range(args.runs)]
     print(f"{args.long} sessions decoding {args.long_tokens}-token answers, {args.queued} queued, kv_pool_mb "
-          f"{args.kv_pool_mb:g}, fair_share_steps {args.fair_share_steps}, {args.runs} runs")
+          f"{args.kv_pool_mb:g}, fair_share_steps {args.fair_share_steps}, max_batch_tokens "
+          f"{args.max_batch_tokens}, {args.runs} runs")
     for key in ("ttft_s", "answer_s"):
         values = [r[key] for r in runs]
         print(f"  operator {key:9s} median {statistics.median(values):6.2f}  (runs {', '.join(f'{v:.2f}' for v in values)})")

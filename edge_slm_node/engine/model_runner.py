@@ -4,8 +4,13 @@ A step with prompt chunks runs one forward with the big kernels on numba's threa
 decode-only step runs as DecodePolicy chooses: on the engine thread alone, with the big
 matmuls on the thread pool, or split into up to num_threads parts, one per thread, each a
 whole forward on its sequences (one hand-off per step instead of a pool wake-up per matmul).
-Every mode gives the same logits: each kernel computes a sequence's rows independently of the
-others, and a pooled matmul splits rows, never a dot product.
+Every mode gives the same logits for F32, F16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights: their
+kernels compute each row in one order whatever else is in the call, and a pooled matmul splits
+rows, never a dot product. The K-quant kernels do not: they follow llama.cpp's orders, which
+depend on the call's token count (Q4_K: 4-token gemm tiles for the first T - T % 4 tokens, the
+gemv for the rest; Q5_K, Q6_K: the tiled order when T >= 8), so on K-quant models a sequence's
+logits can change in the last bits with the batch it runs in and the decode mode (known limit:
+a per-token order flag from the sequence's own chunk would remove it).
 """
 from __future__ import annotations
 

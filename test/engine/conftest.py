@@ -4,6 +4,7 @@ import pytest
 
 from edge_slm_node.engine.config import EngineConfig
 from edge_slm_node.engine.engine import Engine
+from edge_slm_node.kv.arena import bytes_per_token
 from edge_slm_node.model.loader import load_model
 
 SHORT_SYSTEM_PROMPT = "You are the assistant of CNC cell 3. Answer briefly."
@@ -25,6 +26,13 @@ def make_engine(smollm):
         settings.update(overrides)
         return Engine(EngineConfig(**settings), model=smollm)
     return make
+
+
+def pool_mb_for_tokens(model, tokens: int) -> float:
+    """kv_pool_mb that holds `tokens` tokens of this model (pools sized in tokens keep a test's
+    pressure the same under EDGE_SLM_TEST_MODEL)."""
+    config = model.config
+    return tokens * bytes_per_token(config.num_layers, config.num_kv_heads, config.head_dim) / 2**20
 
 
 def run_to_completion(engine, requests, max_steps=10000):

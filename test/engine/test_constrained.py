@@ -6,7 +6,7 @@ import re
 import jsonschema
 import pytest
 
-from conftest import assert_pool_consistent, run_to_completion
+from conftest import assert_pool_consistent, pool_mb_for_tokens, run_to_completion
 from edge_slm_node.engine.request import FinishReason
 from edge_slm_node.engine.sampling import InvalidRequestError, SamplingParams
 
@@ -179,7 +179,7 @@ def test_constrained_and_unconstrained_in_one_step_answer_as_alone(make_engine):
     jsonschema.validate(json.loads(requests[1].text_out), JOB_SCHEMA)
 
 
-def test_preempted_constrained_request_recomputes_identically(make_engine):
+def test_preempted_constrained_request_recomputes_identically(make_engine, smollm):
     """A small pool: the newest request is preempted (its KV freed, recomputed later) while its
     matcher keeps every token consumed; it ends with the tokens and the document it gets alone."""
     schema = json.dumps(JOB_SCHEMA)
@@ -187,7 +187,7 @@ def test_preempted_constrained_request_recomputes_identically(make_engine):
              "c": "Job for shift B please."}
     params = {sid: SamplingParams(**SAMPLED, seed=50 + i, json_schema=schema) for i, sid in enumerate(texts)}
     expected = {sid: _alone(make_engine, text, params[sid])[0].generated_ids for sid, text in texts.items()}
-    engine = make_engine(kv_pool_mb=7)                  # too small for the three answers at once
+    engine = make_engine(kv_pool_mb=pool_mb_for_tokens(smollm, 318))   # too small for the three answers at once
     baseline = engine.stats().used_blocks
     for sid in texts:
         engine.create_session(sid, keep_history=False)

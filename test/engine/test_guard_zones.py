@@ -53,6 +53,8 @@ def test_a_write_past_the_kv_block_a_step_writes_names_the_block(make_engine):
     engine = make_engine()
     request = engine.submit("a", "What is G01?", PARAMS, create_if_missing=True)
     engine.step()
+    while engine.kv.num_tokens("a") % engine.config.block_size == 0:    # the next write would open a new block
+        engine.step()
     block = engine.kv.block_table("a")[engine.kv.num_tokens("a") // engine.config.block_size]   # the next write's
     head_dim = engine.arena.data.shape[-1]
     write_one_row_too_far(engine.arena.data[3, 1], block, 1, np.ones(head_dim, np.float32), np.zeros(8, np.uint16))

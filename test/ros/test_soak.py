@@ -12,7 +12,7 @@ def test_short_soak(ros_env_module):
     report = soak(seconds=100, sessions=4, seed=7, drain_every_s=30, env=ros_env_module)
     print({k: v for k, v in report.items() if k != "hostile"}, report["hostile"]["runs"])
     assert report["requests"] >= 20, report
-    assert report["missing_final"] == [] and report["duplicate_final"] == [], report
+    assert report["missing_final"] == [] and report["duplicate_final"] == [] and report["stalls"] == [], report
     hostile = report["hostile"]
     assert len(hostile["runs"]) >= 5 and hostile["commands"] > 100, hostile     # the first five modes ran (hung: in longer runs)
     assert hostile["missing_final"] == [] and hostile["duplicate_final"] == [], hostile

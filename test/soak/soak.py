@@ -33,6 +33,7 @@ HOSTILE = HERE.parent / "ros" / "hostile_client.py"
 HOSTILE_MODES = ["race", "inject", "oversized", "flood", "slots", "hung"]
 UNREAD_MODES = {"slots", "hung"}   # call faster than they read: replies beyond service_queue_depth are theirs to lose
 HOSTILE_RUN_S = 15.0
+STALL_TIMEOUT_S = 300.0      # an operator still waiting this long before a drain is a stall
 
 QUESTIONS = ["Why is spindle 2 alarming?", "Shut off valve three.", "What does G28 do?", "Home the Z axis.",
              "Alarm 108 after tool change: what now?", "Coolant pressure is 3 bar, is that low?",
@@ -48,12 +49,13 @@ class SoakClient:
         self.key = f"key-{name}"         # honest operators own their sessions (hostile ones cannot touch them)
         self.pending = None              # (request_id, cancel_at) while a command runs
         self.future = None               # a service call in flight
+        self.call = None                 # (service name, when called) of that call
 
     def act(self, soak: "Soak") -> None:
         c = soak.client
         if self.future is not None:
             if self.future.done():
-                self.future = None
+                self.future, self.call = None, None
             return
         if self.pending is not None:
             request_id, cancel_at = self.pending
@@ -61,12 +63,14 @@ class SoakClient:
                 self.pending = None
             elif cancel_at is not None and time.monotonic() > cancel_at:
                 self.future = soak.call_async("cancel_generation", session_id=self.session, owner_key=self.key)
+                self.call = ("cancel_generation", time.monotonic())
                 self.pending = (request_id, None)
             return
         roll = self.rng.random()
         if self.session is None:
             self.session = f"{self.name}-{soak.next_id()}"
             self.future = soak.call_async("create_session", session_id=self.session, owner_key=self.key)
+            self.call = ("create_session", time.monotonic())
         elif roll < 0.65:
             request_id = soak.next_id()
             soak.sent.append(request_id)
@@ -77,9 +81,24 @@ class SoakClient:
             self.pending = (request_id, cancel_at)
         elif roll < 0.8:
             self.future = soak.call_async("reset_session", session_id=self.session, owner_key=self.key)
+            self.call = ("reset_session", time.monotonic())
         else:
             self.future = soak.call_async("destroy_session", session_id=self.session, owner_key=self.key)
+            self.call = ("destroy_session", time.monotonic())
             self.session = None
+
+    def waiting_for(self, client: RosClient) -> dict:
+        """What this operator still waits for (empty: nothing)."""
+        state = {}
+        if self.pending is not None:
+            chunks = client.chunks_of(self.pending[0])
+            if not any(ch.done for ch in chunks):
+                state["command"] = {"request_id": self.pending[0], "session": self.session,
+                                    "chunks_seen": len(chunks), "last_seq": chunks[-1].seq if chunks else None}
+        if self.future is not None and not self.future.done():
+            state["service"] = {"name": self.call[0], "waited_s": round(time.monotonic() - self.call[1], 1),
+                                "session": self.session}
+        return state
 
 
 class Soak:
@@ -90,6 +109,7 @@ class Soak:
         self.sent: list[int] = []
         self._counter = 10_000
         self.drains: list[dict] = []
+        self.stalls: list[dict] = []     # drains whose operators were still waiting after stall_timeout_s
         self.hostile, self.env = hostile, env
         self.hostile_process = None
         self.hostile_runs: list[dict] = []
@@ -105,12 +125,15 @@ class Soak:
     def drain(self, baseline_used: int) -> None:
         """Let every operator finish, destroy all sessions, check the pool is back to its baseline."""
         c = self.client
-        c.spin_until(lambda: all(o.pending is None or any(ch.done for ch in c.chunks_of(o.pending[0]))
-                                 for o in self.operators) and all(o.future is None or o.future.done()
-                                                                  for o in self.operators),
-                     300, "operators to finish before a drain")
+        try:
+            c.spin_until(lambda: not any(o.waiting_for(c) for o in self.operators), STALL_TIMEOUT_S,
+                         "operators to finish before a drain")
+        except AssertionError:                   # recorded (the run fails) and the soak goes on
+            self.stalls.append({"t": round(time.monotonic() - self.started, 1),
+                                "after_hostile": self.hostile_runs[-1]["mode"] if self.hostile_runs else None,
+                                "waiting": {o.name: o.waiting_for(c) for o in self.operators if o.waiting_for(c)}})
         for operator in self.operators:
-            operator.pending, operator.future = None, None
+            operator.pending, operator.future, operator.call = None, None, None
             if operator.session is not None:
                 c.call("destroy_session", session_id=operator.session, owner_key=operator.key)
                 operator.session = None
@@ -123,7 +146,7 @@ class Soak:
     def run(self, seconds: float, drain_every_s: float) -> dict:
         c = self.client
         baseline = c.latest_pool().used_blocks
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         next_drain = started + drain_every_s
         while time.monotonic() - started < seconds:
             for operator in self.operators:
@@ -156,7 +179,7 @@ class Soak:
         hostile_sent = [r for run in self.hostile_runs for r in run["sent"]]
         ttfts.sort()
         return {"seconds": time.monotonic() - started, "requests": len(self.sent), "missing_final": missing,
-                "duplicate_final": duplicated, "finish_reasons": reasons, "errors": errors, "drains": len(self.drains),
+                "duplicate_final": duplicated, "stalls": self.stalls, "finish_reasons": reasons, "errors": errors, "drains": len(self.drains),
                 "honest_ttft_ms": {"median": statistics.median(ttfts) if ttfts else 0.0,
                                    "p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else 0.0,
                                    "max": ttfts[-1] if ttfts else 0.0},
@@ -235,7 +258,8 @@ def main() -> int:
     report = soak(args.minutes * 60, args.sessions, args.seed, hostile=not args.no_hostile)
     print(json.dumps(report, indent=2))
     hostile = report["hostile"]
-    ok = (not report["missing_final"] and not report["duplicate_final"] and not report["log_problems"]
+    ok = (not report["missing_final"] and not report["duplicate_final"] and not report["stalls"]
+          and not report["log_problems"]
           and not hostile["missing_final"] and not hostile["duplicate_final"]
           and hostile["service_calls"] == hostile["service_answers"] and report["node_exit_code"] == 0)
     return 0 if ok else 1
