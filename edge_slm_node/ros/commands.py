@@ -126,6 +126,8 @@ class CommandStreams:
 
     def _publish_event(self, event, key: tuple) -> None:
         """Runs on the engine thread: publish one chunk; a failure is logged, never raised."""
+        if not self.node.context.ok():           # shutting down (Ctrl-C): nothing can be published now
+            return
         request = event.request
         request_id = key[1]
         try:
