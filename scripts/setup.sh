@@ -190,7 +190,7 @@ KERNEL_STAMP="$BUILD_BASE/.numba-kernels-compiled"
 kernel_key="$(cd "$ROOT" && find edge_slm_node/kernels -name '*.py' | sort | xargs cat | sha256sum | cut -d' ' -f1)"
 kernel_key="$kernel_key numba-$("$VPY" -c 'import numba; print(numba.__version__)') models: ${TEST_MODELS[*]}"
 if [ "$FORCE" = 1 ] || [ ! -f "$KERNEL_STAMP" ] || [ "$(cat "$KERNEL_STAMP")" != "$kernel_key" ]; then
-    log "compiling the numba kernels into their cache (first time: ~2 minutes on 2 cores)"
+    log "compiling the numba kernels into their cache (first time: ~6 minutes on 2 cores, three models)"
     # numba keys a cached function on its own file only: a kernel that calls or inlines code from
     # another module (kernels/decoder_layers.py calls them all) would keep the old machine code
     find "$ROOT/edge_slm_node" \( -name '*.nbi' -o -name '*.nbc' \) -delete

@@ -109,7 +109,7 @@ class Soak:
         self.sent: list[int] = []
         self._counter = 10_000
         self.drains: list[dict] = []
-        self.stalls: list[dict] = []     # drains whose operators were still waiting after stall_timeout_s
+        self.stalls: list[dict] = []     # drains whose operators were still waiting after STALL_TIMEOUT_S
         self.hostile, self.env = hostile, env
         self.hostile_process = None
         self.hostile_runs: list[dict] = []
