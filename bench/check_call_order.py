@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT / "test" / "model"))
 
 from edge_slm_node.model.loader import load_model          # noqa: E402
 from edge_slm_node.model.transformer import Transformer   # noqa: E402
-from scattered_greedy import scattered_greedy             # noqa: E402
+from scattered_greedy import BLOCK, scattered_greedy      # noqa: E402
 
 
 def main():
@@ -32,7 +32,7 @@ def main():
     model = load_model(args.model)
     runner = Transformer(model.config, model.weights, max_batch_tokens=512, max_context=640, max_logits_rows=1)
     ids = model.tokenizer.encode(args.text, parse_special=False)
-    blocks = (len(ids) + args.tokens) // 16 + 2
+    blocks = (len(ids) + args.tokens) // BLOCK + 2
     one, first_one = scattered_greedy(model, runner, ids, args.tokens, blocks=blocks)
     chunked, first_chunked = scattered_greedy(model, runner, ids, args.tokens, blocks=blocks, chunk=args.chunk)
     print(f"{args.model or 'SmolLM2-135M (bundled)'}: {len(ids)}-token prompt")

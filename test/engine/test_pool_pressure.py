@@ -7,8 +7,8 @@ from edge_slm_node.engine.config import EngineConfig
 from edge_slm_node.engine.engine import Engine
 from edge_slm_node.engine.request import FinishReason
 from edge_slm_node.engine.sampling import SamplingParams
-from edge_slm_node.kv.arena import bytes_per_token
 from edge_slm_node.model.loader import load_model
+from conftest import pool_mb_for_tokens
 from tiny_models import write_tiny_model
 
 BLOCK = 8
@@ -21,8 +21,7 @@ def tiny(tmp_path_factory):
 
 
 def make(tiny, num_blocks, **overrides):
-    pool_mb = num_blocks * BLOCK * bytes_per_token(tiny.config.num_layers, tiny.config.num_kv_heads, tiny.config.head_dim) / 2**20
-    settings = dict(kv_pool_mb=pool_mb, block_size=BLOCK, max_context_tokens=512, system_prompt="sys",
+    settings = dict(kv_pool_mb=pool_mb_for_tokens(tiny, num_blocks * BLOCK), block_size=BLOCK, max_context_tokens=512, system_prompt="sys",
                     max_running=4)
     settings.update(overrides)
     return Engine(EngineConfig(**settings), model=tiny)

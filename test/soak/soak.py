@@ -62,15 +62,13 @@ class SoakClient:
             if any(ch.done for ch in c.chunks_of(request_id)):
                 self.pending = None
             elif cancel_at is not None and time.monotonic() > cancel_at:
-                self.future = soak.call_async("cancel_generation", session_id=self.session, owner_key=self.key)
-                self.call = ("cancel_generation", time.monotonic())
+                self.start_call(soak, "cancel_generation")
                 self.pending = (request_id, None)
             return
         roll = self.rng.random()
         if self.session is None:
             self.session = f"{self.name}-{soak.next_id()}"
-            self.future = soak.call_async("create_session", session_id=self.session, owner_key=self.key)
-            self.call = ("create_session", time.monotonic())
+            self.start_call(soak, "create_session")
         elif roll < 0.65:
             request_id = soak.next_id()
             soak.sent.append(request_id)
@@ -80,12 +78,15 @@ class SoakClient:
                    seed=self.rng.randint(0, 1000), owner_key=self.key)
             self.pending = (request_id, cancel_at)
         elif roll < 0.8:
-            self.future = soak.call_async("reset_session", session_id=self.session, owner_key=self.key)
-            self.call = ("reset_session", time.monotonic())
+            self.start_call(soak, "reset_session")
         else:
-            self.future = soak.call_async("destroy_session", session_id=self.session, owner_key=self.key)
-            self.call = ("destroy_session", time.monotonic())
+            self.start_call(soak, "destroy_session")
             self.session = None
+
+    def start_call(self, soak: "Soak", name: str) -> None:
+        """Call one of the session services on this operator's session, keyed."""
+        self.future = soak.call_async(name, session_id=self.session, owner_key=self.key)
+        self.call = (name, time.monotonic())
 
     def waiting_for(self, client: RosClient) -> dict:
         """What this operator still waits for (empty: nothing)."""
@@ -129,9 +130,10 @@ class Soak:
             c.spin_until(lambda: not any(o.waiting_for(c) for o in self.operators), STALL_TIMEOUT_S,
                          "operators to finish before a drain")
         except AssertionError:                   # recorded (the run fails) and the soak goes on
+            waiting = {o.name: o.waiting_for(c) for o in self.operators}
             self.stalls.append({"t": round(time.monotonic() - self.started, 1),
                                 "after_hostile": self.hostile_runs[-1]["mode"] if self.hostile_runs else None,
-                                "waiting": {o.name: o.waiting_for(c) for o in self.operators if o.waiting_for(c)}})
+                                "waiting": {name: state for name, state in waiting.items() if state}})
         for operator in self.operators:
             operator.pending, operator.future, operator.call = None, None, None
             if operator.session is not None:
