@@ -1,11 +1,14 @@
 """Does a sequence's result depend on how its tokens are split into calls? One prompt, prefilled
-in one call and in calls of --chunk tokens, then greedy decode: the first logits' largest
-difference and both id lists.
+in one call, in calls of --chunk tokens each summed as a call of its own (as llama.cpp would
+sum them), and in the same chunks carrying the whole prompt's call shapes (as the engine's
+chunked prefill runs them); then greedy decode: the first logits' largest difference and the
+id lists.
 
     .venv/bin/python bench/check_call_order.py [--model NAME|PATH] [--chunk 3] [--tokens 12]
 
-Row-independent kernels (F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) give bit-equal logits; the
-K-quant kernels follow llama.cpp's call-size-dependent orders and do not (README, Models).
+Row-independent kernels (F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) give bit-equal logits in every
+variant; the K-quant kernels follow llama.cpp's call-size-dependent orders, so the second
+variant differs and the third must be bit-equal to the first (README, Models).
 """
 import argparse
 import sys
@@ -35,11 +38,16 @@ def main():
     blocks = (len(ids) + args.tokens) // BLOCK + 2
     one, first_one = scattered_greedy(model, runner, ids, args.tokens, blocks=blocks)
     chunked, first_chunked = scattered_greedy(model, runner, ids, args.tokens, blocks=blocks, chunk=args.chunk)
-    print(f"{args.model or 'SmolLM2-135M (bundled)'}: {len(ids)}-token prompt")
-    print(f"  greedy ids, one call:        {one}")
-    print(f"  greedy ids, {args.chunk}-token calls:   {chunked}")
-    print(f"  first logits bit-equal: {np.array_equal(first_one, first_chunked)}, largest difference "
-          f"{np.abs(first_one - first_chunked).max():.4g} (largest logit {np.abs(first_one).max():.4g})")
+    shaped, first_shaped = scattered_greedy(model, runner, ids, args.tokens, blocks=blocks, chunk=args.chunk,
+                                            chunks_as_one_call=True)
+    print(f"{args.model or 'SmolLM2-135M (bundled)'}: {len(ids)}-token prompt (largest logit "
+          f"{np.abs(first_one).max():.4g})")
+    print(f"  greedy ids, one call:                     {one}")
+    for name, ids_, first in ((f"{args.chunk}-token calls", chunked, first_chunked),
+                              (f"{args.chunk}-token chunks of one call", shaped, first_shaped)):
+        print(f"  greedy ids, {name + ':':30s}{ids_}")
+        print(f"    first logits bit-equal to one call: {np.array_equal(first_one, first)}, largest difference "
+              f"{np.abs(first_one - first).max():.4g}")
 
 
 if __name__ == "__main__":

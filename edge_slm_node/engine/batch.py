@@ -5,6 +5,7 @@ import numpy as np
 
 from ..kv.block_manager import KVBlockManager
 from ..model.transformer import ForwardBatch
+from .llama_calls import DECODED
 
 
 class BatchBuilder:
@@ -18,7 +19,8 @@ class BatchBuilder:
         self.slot_mapping = np.zeros(max_tokens, np.int32)
         self.block_tables = np.zeros((max_sequences, max_blocks_per_seq), np.int32)
         self.logits_rows = np.zeros(max_sequences, np.int32)
-        self.prompt_order = np.zeros(max_tokens, np.uint8)
+        self.call_index = np.zeros(max_tokens, np.int32)
+        self.call_length = np.zeros(max_tokens, np.int32)
         self.max_tokens = max_tokens
         self.clear()
 
@@ -28,10 +30,11 @@ class BatchBuilder:
         self.num_logits = 0
 
     def add(self, manager: KVBlockManager, seq_id, tokens: list, start: int, want_logits: bool,
-            prompt_order: bool = False) -> int:
+            calls: tuple = None) -> int:
         """Queue tokens for positions [start, start+len); returns the logits row or -1.
 
-        prompt_order: sum attention in llama.cpp's multi-token (prompt) order rather than its decode order."""
+        calls: (indexes, lengths), each token's llama.cpp call (engine/llama_calls.py); by
+        default each token is a call of its own (decoded tokens)."""
         n, t0, s = len(tokens), self.num_tokens, self.num_sequences
         if t0 + n > self.max_tokens:
             raise ValueError(f"batch overflow: {t0} + {n} tokens > {self.max_tokens}")
@@ -42,7 +45,10 @@ class BatchBuilder:
         self.token_seq[t0:t0 + n] = s
         self.token_context[t0:t0 + n] = self.positions[t0:t0 + n] + 1
         self.slot_mapping[t0:t0 + n] = manager.slot_mapping(seq_id, start, n)
-        self.prompt_order[t0:t0 + n] = prompt_order
+        if calls is None:
+            self.call_index[t0:t0 + n], self.call_length[t0:t0 + n] = DECODED
+        else:
+            self.call_index[t0:t0 + n], self.call_length[t0:t0 + n] = calls
         self.num_tokens += n
         self.num_sequences += 1
         if not want_logits:
@@ -56,14 +62,4 @@ class BatchBuilder:
         return ForwardBatch(self.token_ids[:t], self.positions[:t], self.token_seq[:t],
                             self.token_context[:t], self.slot_mapping[:t],
                             self.block_tables[:self.num_sequences], self.logits_rows[:self.num_logits],
-                            self.prompt_order[:t])
-
-
-LLAMA_CPP_UBATCH = 512   # llama.cpp evaluates a prompt in micro-batches of this many tokens
-
-
-def in_prompt_order(index: int, num_new_tokens: int) -> bool:
-    """Whether llama.cpp sums new prompt token `index` in its multi-token order: its micro-batch
-    (of LLAMA_CPP_UBATCH) holds at least two tokens."""
-    first = index // LLAMA_CPP_UBATCH * LLAMA_CPP_UBATCH
-    return min(LLAMA_CPP_UBATCH, num_new_tokens - first) >= 2
+                            self.call_index[:t], self.call_length[:t])

@@ -177,7 +177,7 @@ class Engine:
                                           f"(max_pending_per_session={self.config.max_pending_per_session})")
             request = Request(next(self._ids), session_id, text, params, raw, on_event,
                               Sampler(params), Utf8StreamDecoder(self.tokenizer), StopStringMatcher(params.stop),
-                              held_bytes=cost, constraint=constraint, role=role)
+                              held_bytes=cost, constraint=constraint, role=role, calls=session.calls)
             self.scheduler.add(request)
             session.touch()
             return request
@@ -256,6 +256,7 @@ class Engine:
             session.pending_tool_calls.clear()
             if self.kv.has_seq(session_id):
                 self.kv.truncate(session_id, min(len(session.prefix_ids), self.kv.num_tokens(session_id)))
+                session.calls.truncate(len(session.prefix_ids))
             session.touch()
             return self.kv.pool.num_available - available
 

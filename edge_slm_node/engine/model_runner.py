@@ -4,14 +4,11 @@ A step with prompt chunks runs one forward with the big kernels on numba's threa
 decode-only step runs as DecodePolicy chooses: on the engine thread alone, with the big
 matmuls on the thread pool, or split into up to num_threads parts, one per thread, each a
 whole forward on its sequences (one hand-off per step instead of a pool wake-up per matmul).
-Every mode gives the same logits for F32, F16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights: their
-kernels compute each row in one order whatever else is in the call, and a pooled matmul splits
-rows, never a dot product. The K-quant kernels do not: they follow llama.cpp's orders, which
-depend on the call's token count (Q4_K: 4-token gemm tiles for the first T - T % 4 tokens, the
-gemv for the rest; Q5_K, Q6_K: the tiled order when T >= 8), so on K-quant models a sequence's
-logits change with the batch it runs in and the decode mode (measured up to 0.28 on a logit of
-the 0.5B: bench/check_call_order.py; known limit: a per-token order flag from the sequence's own
-turn would remove it).
+Every mode gives the same logits: each token carries the shape of the llama.cpp call that
+would compute it alone (engine/llama_calls.py), the kernels whose order depends on a call's
+size (attention; the K-quant matmuls: Q4_K's 4-token gemm tiles, Q5_K / Q6_K's tiled order) read
+it per token, the others compute each row in one order whatever else is in the call, and a
+pooled matmul splits rows, never a dot product (bench/check_call_order.py measures it).
 """
 from __future__ import annotations
 
@@ -26,11 +23,12 @@ from ..kv.block_manager import KVBlockManager
 from ..model.buffers import GuardZones
 from ..model.loader import LoadedModel
 from ..model.transformer import Transformer
-from .batch import BatchBuilder, in_prompt_order
+from .batch import BatchBuilder
 from .config import EngineConfig
 from .decode_policy import DecodePolicy, DecodeThreading
 from .plan import StepPlan
 from .forward_thread import ForwardThread
+from .llama_calls import call_shape
 
 WARM_UP_SEQ_KEY = ("warm-up",)           # a throwaway one-token sequence run at start-up
 
@@ -80,8 +78,7 @@ class ModelRunner:
             for chunk in plan.prompts:
                 request = chunk.request
                 self.batch.add(kv, request.session_id, chunk.token_ids, chunk.start, chunk.last,
-                               prompt_order=_prompt_order(chunk.start, chunk.count, request.prefill_from,
-                                                     len(request.prompt_ids)))
+                               calls=request.calls.shapes(chunk.start, chunk.count))
             self.last_run = (f"a prompt step ({sum(c.count for c in plan.prompts)} prompt tokens, {len(plan.decode)} "
                              f"decoding) on the thread pool")
             self.last_batches = [self.batch.build()]
@@ -142,8 +139,9 @@ class ModelRunner:
         while start < len(token_ids):
             chunk = token_ids[start:start + self.max_batch_tokens]
             self.batch.clear()
+            shapes = [call_shape(i, len(token_ids)) for i in range(start, start + len(chunk))]
             self.batch.add(kv, seq_id, chunk, start, want_logits=True,
-                           prompt_order=_prompt_order(start, len(chunk), 0, len(token_ids)))
+                           calls=([i for i, _ in shapes], [n for _, n in shapes]))
             self.transformer.forward(self.batch.build(), self.arena.data)
             kv.commit(seq_id, chunk)
             start += len(chunk)
@@ -167,9 +165,3 @@ class ModelRunner:
                 side.wait()
         finally:
             kv.free(WARM_UP_SEQ_KEY)
-
-
-def _prompt_order(start: int, count: int, first_new: int, end: int) -> list:
-    """Per-token llama.cpp summation order for prompt positions [start, start+count) of a prompt
-    whose new (uncached) tokens are [first_new, end)."""
-    return [in_prompt_order(i - first_new, end - first_new) for i in range(start, start + count)]

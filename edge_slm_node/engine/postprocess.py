@@ -127,6 +127,7 @@ class Postprocessor:
         else:                               # cancelled / failed turn: free its blocks now
             keep = request.cached_prompt_tokens
         self.kv.truncate(sid, min(committed, keep))
+        session.calls.truncate(min(committed, keep))
 
     def _emit(self, request: Request, text: str, reason=None, error: str = "") -> None:
         """Hand one event to the request's subscriber (or keep it for synchronous callers)."""

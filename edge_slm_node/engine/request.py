@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from ..model.utf8_stream import Utf8StreamDecoder
 from .constraint import HELD_BYTES as CONSTRAINT_HELD_BYTES
 from .constraint import Constraint
+from .llama_calls import ComputedCalls
 from .sampling import Sampler, SamplingParams
 from .stop_strings import StopStringMatcher
 
@@ -63,7 +64,6 @@ class Request:
     generated_ids: list = field(default_factory=list)
     next_token: Optional[int] = None                    # sampled, KV not yet computed
     prefill_done: int = 0                               # tokens of prompt_ids already in KV
-    prefill_from: int = 0                               # prefill_done when last admitted (prompt order)
     cached_prompt_tokens: int = 0                       # found in KV when first admitted
     text_out: str = ""
     finish_reason: Optional[FinishReason] = None
@@ -84,6 +84,7 @@ class Request:
     constraint: Optional[Constraint] = None             # masks its tokens (json_schema, grammar, tools)
     role: str = "user"                                  # its turn's role: user, or tool (a tool's result)
     tool_calls: list = field(default_factory=list)      # tools.ToolCall, when it ended with tool_calls
+    calls: ComputedCalls = field(default_factory=ComputedCalls)   # its session's (llama_calls.py)
 
     @property
     def done(self) -> bool:

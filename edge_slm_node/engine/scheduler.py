@@ -184,6 +184,8 @@ class Scheduler:
         if not has_kv and fresh and session.uses_shared_prefix and prompt[:len(self.prefix_ids)] == self.prefix_ids \
                 and self.kv.has_seq(PREFIX_SEQ_KEY):
             self.kv.fork(PREFIX_SEQ_KEY, sid)           # the pinned prompt blocks, its last one copied on write
+            session.calls.truncate(0)
+            session.calls.record(0, len(self.prefix_ids))   # computed as one call at start (ModelRunner.prefill)
             has_kv = True
         if has_kv:
             done = min(common_prefix_length(self.kv.token_ids(sid), prompt), len(prompt) - 1)
@@ -191,13 +193,15 @@ class Scheduler:
             plan.copies += self.kv.reserve(sid, len(prompt) - done)
         else:                                           # history to rebuild: reuse what the prefix cache holds
             done = self.kv.allocate_prompt(sid, prompt)
-        request.prefill_done = request.prefill_from = done
+        request.prefill_done = done
         request.state = RequestState.PREFILL
         request.turn_steps = 0
         request.kv_kept = False
         if request.started_at is None:                  # first admission: what the turn found cached
             request.cached_prompt_tokens = done
             request.started_at = time.monotonic()
+            session.calls.truncate(done)                # its new tokens are one call; a resume keeps the shapes
+            session.calls.record(done, len(prompt))
         return True
 
     # ---- decode slots -----------------------------------------------------------------------

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from .llama_calls import ComputedCalls
 from .sampling import InvalidRequestError
 
 
@@ -26,6 +27,7 @@ class Session:
     messages: list = field(default_factory=list)
     pending_tool_calls: dict = field(default_factory=dict)   # call_id -> tool name, until its result comes
     last_used: float = field(default_factory=time.monotonic)
+    calls: ComputedCalls = field(default_factory=ComputedCalls)   # how its KV was computed (llama_calls.py)
 
     def touch(self) -> None:
         self.last_used = time.monotonic()

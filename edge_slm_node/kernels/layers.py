@@ -16,13 +16,14 @@ namedtuples built once by model/transformer.py:
            int32: matmuls[kernel_of[7 * layer + m]] runs matrix m of that layer. (A tuple of
            function objects would be unboxed from Python on every call: ~0.2 ms each.)
   acts     Activations: (T, ·) C-contiguous views for this batch's T tokens
-  inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate
+  inputs   Scratch for the three matmul input widths: hidden, q_size, intermediate, their call
+           shapes (call_index, call_length: each token's llama.cpp call) set by the caller
   batch    BatchArrays: positions, slot_mapping (T,), block_tables (S, blocks), token_seq,
            token_context, prompt_order (T,), output_rows (R,): the rows whose logits are wanted.
            When R < T the last layer's feed-forward runs on those rows only, as llama.cpp's
            graph does (inp_out_ids): they end up in hidden[:R], in that order, and the other
-           rows of hidden are left unfinished. (The K-quant kernels' order depends on the
-           number of rows, so this is also what keeps the logits equal to llama.cpp's.)
+           rows of hidden are left unfinished. Those rows' feed-forward is summed as llama.cpp
+           sums a call of one row (each scratch's call shapes set so; kernels/quants/common.py).
   consts   LayerConsts: eps, neox, attention scale and work, KV-write scratch, avx512
            (attention and SwiGLU in the summation orders and exp of llama.cpp's AVX-512 build,
            else of its AVX2 build; the matmuls are the same in both), query_scale (q times it
@@ -100,6 +101,14 @@ def _gather_rows(x, rows, scratch):
 
 
 @njit(cache=True, inline="always")
+def _each_row_alone(scratch, rows):
+    """The next matmul on this input sums rows 0..rows-1 each as a call of one token."""
+    for t in range(rows):
+        scratch.call_index[t] = 0
+        scratch.call_length[t] = 1
+
+
+@njit(cache=True, inline="always")
 def _matmul(layer, matmuls, kernel_of, index, m, x, scratch, outs):
     matmuls[kernel_of[MATRICES * index + m]](layer.packed[m], layer.tails[m], layer.part_ends[m], x, scratch, outs)
 
@@ -164,9 +173,12 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
             rms_norm(acts.proj, layer.post_attn_norm, c.eps, acts.proj)
         add_in_place(acts.hidden, acts.proj)
         rows = num_tokens
-        if index == len(layers) - 1 and batch.output_rows.shape[0] < num_tokens:
-            rows = batch.output_rows.shape[0]
-            _gather_rows(acts.hidden, batch.output_rows, acts.proj)
+        if index == len(layers) - 1:
+            if batch.output_rows.shape[0] < num_tokens:
+                rows = batch.output_rows.shape[0]
+                _gather_rows(acts.hidden, batch.output_rows, acts.proj)
+            _each_row_alone(model_input, rows)
+            _each_row_alone(ffn_input, rows)
         hidden, normed, gate, up, proj = acts.hidden[:rows], acts.normed[:rows], acts.gate[:rows], acts.up[:rows], \
             acts.proj[:rows]
         rms_norm(hidden, layer.ffn_norm, c.eps, normed)

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from ..kernels.quants import QuantType
-from ..kernels.quants.common import Scratch
+from ..kernels.quants.common import Scratch, set_one_call, set_separate_calls
 
 _EMPTY_OUT = np.zeros((0, 0), np.float32)
 
@@ -71,10 +71,14 @@ class Linear:
     def kernel(self, parallel: bool):
         return self.quant.kernels.matmul_parallel if parallel else self.quant.kernels.matmul_serial
 
-    def apply(self, x: np.ndarray, scratch: Scratch, out: np.ndarray, parallel: bool = True) -> None:
+    def apply(self, x: np.ndarray, scratch: Scratch, out: np.ndarray, parallel: bool = True,
+              rows_alone: bool = False) -> None:
         """x (T, in_features) f32 -> out (T, out_features), both C-contiguous float32.
-        parallel=False: on the calling thread only (else on the thread pool when big enough)."""
+        parallel=False: on the calling thread only (else on the thread pool when big enough).
+        Rows are summed as llama.cpp sums one call of T tokens, or with rows_alone as T calls of
+        one token each (the output head: llama.cpp computes one sequence's logits row alone)."""
         _check(x, self.in_features, out, self.out_features, self.name)
+        _set_calls(scratch, x.shape[0], rows_alone)
         self.kernel(parallel)(self.packed, self.tail, self.part_ends, x, scratch, (out, _EMPTY_OUT, _EMPTY_OUT))
 
 
@@ -105,7 +109,8 @@ class FusedLinear:
             self.part_ends = ends.astype(np.int64)
 
     def apply(self, x: np.ndarray, scratch: Scratch, outs: Sequence[np.ndarray], parallel: bool = True) -> None:
-        """x (T, in_features) -> outs[i] (T, parts[i].out_features), one per part."""
+        """x (T, in_features) -> outs[i] (T, parts[i].out_features), one per part; x is one call
+        of T tokens (Linear.apply)."""
         outs = tuple(outs)
         if len(outs) != len(self.parts):
             raise ValueError(f"fused {[p.name for p in self.parts]} needs {len(self.parts)} outputs, got {len(outs)}")
@@ -115,6 +120,7 @@ class FusedLinear:
             return
         for part, out in zip(self.parts, outs):
             _check(x, part.in_features, out, part.out_features, part.name)
+        _set_calls(scratch, x.shape[0], False)
         padded = outs + (_EMPTY_OUT,) * (3 - len(outs))
         self.parts[0].kernel(parallel)(self.packed, self.tail, self.part_ends, x, scratch, padded)
 
@@ -131,6 +137,10 @@ def _adjacent_rows(arrays):
     rows = sum(a.shape[0] for a in arrays)
     view = base[first:first + rows]
     return view if view.ctypes.data == arrays[0].ctypes.data else None
+
+
+def _set_calls(scratch: Scratch, num_tokens: int, rows_alone: bool) -> None:
+    (set_separate_calls if rows_alone else set_one_call)(scratch, num_tokens)
 
 
 def _check(x: np.ndarray, in_features: int, out: np.ndarray, rows: int, name: str) -> None:

@@ -33,10 +33,11 @@ class ForwardBatch:
     token_ids, positions, token_seq (row into block_tables), token_context (positions the token
     attends to, itself included), slot_mapping (arena slot its KV is written to): shape (T,).
     block_tables (S, max_blocks). logits_rows: indices into T whose logits are wanted.
-    prompt_order (T,) optional: nonzero where a token's attention is summed in the order llama.cpp
-    uses for a multi-token batch (a prompt) rather than for one token (decode); by default a
-    token is prompt_order when its sequence has two or more tokens in this batch, which is
-    llama.cpp's rule for one sequence (see kernels/attention.py).
+    call_index, call_length (T,) optional: the token's index in, and the length of, the llama.cpp
+    call (a prompt's micro-batch; 1 for a decoded token) that would compute it when its sequence
+    runs alone. Attention (kernels/attention.py) and the K-quant matmuls (kernels/quants/common.py)
+    sum each token in that call's order, so its result does not depend on the rest of the batch.
+    By default a sequence's tokens in this batch are one call (default_calls).
     """
     token_ids: np.ndarray
     positions: np.ndarray
@@ -45,13 +46,20 @@ class ForwardBatch:
     slot_mapping: np.ndarray
     block_tables: np.ndarray
     logits_rows: np.ndarray
-    prompt_order: Optional[np.ndarray] = None
+    call_index: Optional[np.ndarray] = None
+    call_length: Optional[np.ndarray] = None
 
 
-def default_prompt_order(token_seq: np.ndarray, num_sequences: int) -> np.ndarray:
-    """(T,) uint8: 1 where the token's sequence has at least two tokens in the batch."""
+def default_calls(token_seq: np.ndarray, num_sequences: int) -> tuple:
+    """-> (call_index, call_length) (T,) int32 when each sequence's tokens in the batch (in batch
+    order) are one call."""
     counts = np.bincount(token_seq, minlength=num_sequences)
-    return (counts[token_seq] >= 2).astype(np.uint8)
+    seen = np.zeros(num_sequences, np.int32)
+    index = np.zeros(token_seq.shape[0], np.int32)
+    for t, seq in enumerate(token_seq):
+        index[t] = seen[seq]
+        seen[seq] += 1
+    return index, counts[token_seq].astype(np.int32)
 
 
 class Transformer:
@@ -75,6 +83,9 @@ class Transformer:
                                      for name, width in zip(Activations._fields, activation_widths)],
                                    empty=np.zeros((0, 0), np.float32))
         self.logits = guards.zeros("logits", (max_logits_rows, c.vocab_size), np.float32)
+        # each token's llama.cpp call (ForwardBatch), shared by the three matmul inputs' scratch
+        self.calls = (guards.zeros("call_index", t, np.int32), guards.zeros("call_length", t, np.int32))
+        self.prompt_order = guards.zeros("prompt_order", t, np.uint8)
         self.final_normed = guards.zeros("final_normed", (max_logits_rows, c.hidden_size), np.float32)
         # q|k|v and gate|up each run as one kernel call over concatenated packed rows where
         # their types allow (one pass over the shared input instead of three / two); same results.
@@ -99,7 +110,8 @@ class Transformer:
 
         def allocator(owner):
             return lambda slot, size, dtype: guards.zeros(f"{owner} scratch.{slot}", size, dtype)
-        self.inputs = tuple(new_scratch(t, widths[k], {s for m in readers[k] for s in m.scratch_slots}, allocator(k))
+        self.inputs = tuple(new_scratch(t, widths[k], {s for m in readers[k] for s in m.scratch_slots}, allocator(k),
+                                        calls=self.calls)
                             for k in ("hidden", "q", "ffn"))
         self.head_input = new_scratch(max_logits_rows, c.hidden_size, set(weights.output.scratch_slots),
                                       allocator("head"))
@@ -133,7 +145,8 @@ class Transformer:
                        *layer.tails, *layer.part_ends, layer.q_norm, layer.k_norm, layer.post_attn_norm,
                        layer.post_ffn_norm]
         c = self.consts
-        arrays += [*self.buffers, self.logits, self.final_normed, c.attention_work, c.kv_row, c.kv_bits, c.gelu_table]
+        arrays += [*self.buffers, self.logits, self.final_normed, c.attention_work, c.kv_row, c.kv_bits, c.gelu_table,
+                   *self.calls, self.prompt_order]
         arrays += [table for pair in self.rope_tables.values() for table in pair]
         for scratch in (*self.inputs, self.head_input):
             arrays += list(scratch)
@@ -162,9 +175,13 @@ class Transformer:
         if context > self.max_context:                  # the kernels trust their arguments: check them here
             raise ValueError(f"attention context {context} > max_context {self.max_context}")
         check_work(self.attention_work, c.num_heads, c.num_kv_heads, c.head_dim, context)
-        prompt_order = batch.prompt_order
-        if prompt_order is None:
-            prompt_order = default_prompt_order(batch.token_seq, batch.block_tables.shape[0])
+        call_index, call_length = batch.call_index, batch.call_length
+        if call_index is None:
+            call_index, call_length = default_calls(batch.token_seq, batch.block_tables.shape[0])
+        self.calls[0][:num_tokens] = call_index
+        self.calls[1][:num_tokens] = call_length
+        prompt_order = self.prompt_order[:num_tokens]          # llama.cpp's multi-token attention order
+        np.greater_equal(call_length, 2, out=prompt_order, casting="unsafe")
         acts = Activations(*[b[:num_tokens] for b in self.buffers[:-1]], empty=self.buffers.empty)
         self.embed(batch.token_ids, acts.hidden)
         decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
@@ -177,7 +194,7 @@ class Transformer:
         selected = acts.hidden[:rows] if rows < num_tokens else acts.hidden[batch.logits_rows]
         ops.rms_norm(selected, self.weights.output_norm, c.rms_norm_eps, final)
         logits = self.logits[:rows]
-        self.weights.output.apply(final, self.head_input, logits, parallel)
+        self.weights.output.apply(final, self.head_input, logits, parallel, rows_alone=True)
         if c.final_logit_softcapping:
             cap = np.float32(c.final_logit_softcapping)
             np.multiply(np.tanh(logits * (np.float32(1.0) / cap)), cap, out=logits)

@@ -333,6 +333,30 @@ def test_thread_pool_split_is_bit_equal(quant):
     np.testing.assert_array_equal(_apply(linear, x[:1], True), llama_reference(raw, quant, Activations(x[:1], quant)))
 
 
+@pytest.mark.parametrize("quant", [Q4_K, Q5_K, Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
+def test_each_token_is_summed_in_the_order_of_its_own_call(quant, parallel):
+    """Tokens of three llama.cpp calls (9 prompt tokens, 1 decoded, 5 prompt tokens), shuffled
+    into one kernel call with their call shapes: each row equals that token's row when its own
+    call runs alone."""
+    raw = _random_rows(quant, 13, 768, seed=5)
+    linear = Linear("w", raw, quant, 768)
+    calls = [_x(9, 768, seed=1), _x(1, 768, seed=2), _x(5, 768, seed=3)]
+    alone = [_apply(linear, x, parallel) for x in calls]
+    tokens = [(c, i) for c, x in enumerate(calls) for i in range(len(x))]
+    order = np.random.default_rng(0).permutation(len(tokens))
+    mixed = np.stack([calls[tokens[k][0]][tokens[k][1]] for k in order])
+    scratch = new_scratch(len(order), 768, set(linear.scratch_slots))
+    scratch.call_index[:len(order)] = [tokens[k][1] for k in order]
+    scratch.call_length[:len(order)] = [len(calls[tokens[k][0]]) for k in order]
+    out = np.full((len(order), 13), np.nan, np.float32)
+    empty = np.zeros((0, 0), np.float32)
+    linear.kernel(parallel)(linear.packed, linear.tail, linear.part_ends, mixed, scratch, (out, empty, empty))
+    expected = np.stack([alone[tokens[k][0]][tokens[k][1]] for k in order])
+    np.testing.assert_array_equal(out, expected)
+    assert not np.array_equal(alone[0][:5], _apply(linear, calls[0][:5], parallel))   # the orders do differ
+
+
 @pytest.mark.parametrize("quant", NEW_TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("part_rows", [(64, 16, 16), (24, 13), (13, 8)])
 @pytest.mark.parametrize("tokens", [1, 9])

@@ -171,9 +171,12 @@ def test_rope_uses_fused_multiply_add_like_ggml(neox):
     np.testing.assert_array_equal(rotated[..., b], second)
 
 
-def test_prompt_order_is_chosen_per_sequence_with_two_or_more_tokens():
-    from edge_slm_node.model.transformer import default_prompt_order
+def test_by_default_each_sequences_tokens_in_a_batch_are_one_call():
+    from edge_slm_node.model.transformer import default_calls
     # sequence 0 decodes one token, sequence 1 prefills three, sequence 2 decodes one
-    token_seq = np.array([0, 1, 1, 1, 2], np.int32)
-    np.testing.assert_array_equal(default_prompt_order(token_seq, 3), [0, 1, 1, 1, 0])
-    np.testing.assert_array_equal(default_prompt_order(np.zeros(1, np.int32), 1), [0])
+    index, length = default_calls(np.array([0, 1, 1, 1, 2], np.int32), 3)
+    np.testing.assert_array_equal(index, [0, 0, 1, 2, 0])
+    np.testing.assert_array_equal(length, [1, 3, 3, 3, 1])
+    index, length = default_calls(np.array([1, 0, 1], np.int32), 2)
+    np.testing.assert_array_equal(index, [0, 0, 1])
+    np.testing.assert_array_equal(length, [2, 1, 2])

@@ -11,6 +11,12 @@ number of row groups up to and including part p; unused outs are empty. Each ker
 x itself into `scratch` the way llama.cpp quantizes activations for that weight type. The
 common signature lets the layer kernel (kernels/layers.py) call each matrix's kernel through
 a function object, whatever its type.
+
+The K-quant kernels sum a row in the order llama.cpp would use in the call that row belongs
+to, which depends on that call's size (see q4_k.py, q6_k.py); scratch.call_index and
+scratch.call_length (T,) say, per row of x, its index in and the length of that llama.cpp call
+(a prompt's micro-batch, 1 for a decoded token), so a row's result does not depend on what
+else shares the kernel call. set_one_call makes x one call of its T rows.
 """
 from collections import namedtuple
 
@@ -28,24 +34,28 @@ PARALLEL_MIN_MACS = 4_000_000
 # Flat buffers a kernel views as (T, ·) arrays: q8 / q16 / xf hold T x K values, scales / sums
 # / isums T x K/16 (per-block figures; K-quant activations keep one per 16 values). A slot no
 # weight type reading this input uses is empty.
-Scratch = namedtuple("Scratch", ["q8", "q16", "xf", "scales", "sums", "isums"])
+# call_index / call_length: one value per row (token), whatever the width.
+Scratch = namedtuple("Scratch", ["q8", "q16", "xf", "scales", "sums", "isums", "call_index", "call_length"])
 SLOT_DTYPES = {"q8": np.int8, "q16": np.int16, "xf": np.float32, "scales": np.float32, "sums": np.float32,
-               "isums": np.int32}
+               "isums": np.int32, "call_index": np.int32, "call_length": np.int32}
+CALL_SLOTS = ("call_index", "call_length")
 PER_VALUE_SLOTS = ("q8", "q16", "xf")
 
 _U8_2D = types.Array(types.uint8, 2, "C")
 _F32_2D = types.Array(types.float32, 2, "C")
 SCRATCH_TYPE = types.NamedTuple([types.Array(types.int8, 1, "C"), types.Array(types.int16, 1, "C"),
                                  types.Array(types.float32, 1, "C"), types.Array(types.float32, 1, "C"),
-                                 types.Array(types.float32, 1, "C"), types.Array(types.int32, 1, "C")], Scratch)
+                                 types.Array(types.float32, 1, "C"), types.Array(types.int32, 1, "C"),
+                                 types.Array(types.int32, 1, "C"), types.Array(types.int32, 1, "C")], Scratch)
 MATMUL_SIGNATURE = types.void(_U8_2D, _U8_2D, types.Array(types.int64, 1, "C"), _F32_2D, SCRATCH_TYPE,
                               types.UniTuple(_F32_2D, 3))
 
 
-def new_scratch(max_tokens: int, length: int, slots, allocate=None) -> Scratch:
+def new_scratch(max_tokens: int, length: int, slots, allocate=None, calls=None) -> Scratch:
     """Buffers for x (max_tokens, length) read by weights needing `slots`, touched now (no page
     fault mid-decode); the other slots empty. allocate(slot name, size, dtype) -> zeros already
-    touched, if given (guard zones), replaces np.empty + fill."""
+    touched, if given (guard zones), replaces np.empty + fill. calls: (call_index, call_length)
+    arrays to share with other scratches (one per row, set once per forward), else new ones."""
     def buffer(name):
         if name not in slots:
             return np.zeros(0, SLOT_DTYPES[name])
@@ -55,7 +65,28 @@ def new_scratch(max_tokens: int, length: int, slots, allocate=None) -> Scratch:
         array = np.empty(size, SLOT_DTYPES[name])
         array.fill(0)
         return array
-    return Scratch(*[buffer(name) for name in Scratch._fields])
+    if calls is None:
+        calls = tuple((allocate(name, max_tokens, np.int32) if allocate is not None else np.zeros(max_tokens, np.int32))
+                      for name in CALL_SLOTS)
+    if min(len(array) for array in calls) < max_tokens:
+        raise ValueError(f"call shape arrays hold {min(len(a) for a in calls)} rows, scratch is for {max_tokens}")
+    return Scratch(*[buffer(name) for name in Scratch._fields[:-2]], *calls)
+
+
+def set_one_call(scratch: Scratch, num_tokens: int) -> None:
+    """Rows 0..num_tokens-1 of the next x are one llama.cpp call (as a prompt of that many tokens)."""
+    if len(scratch.call_index) < num_tokens:
+        raise ValueError(f"scratch holds call shapes of {len(scratch.call_index)} rows, x has {num_tokens}")
+    scratch.call_index[:num_tokens] = np.arange(num_tokens, dtype=np.int32)
+    scratch.call_length[:num_tokens] = num_tokens
+
+
+def set_separate_calls(scratch: Scratch, num_tokens: int) -> None:
+    """Rows 0..num_tokens-1 of the next x are each a call of one token (decoded tokens, output rows)."""
+    if len(scratch.call_index) < num_tokens:
+        raise ValueError(f"scratch holds call shapes of {len(scratch.call_index)} rows, x has {num_tokens}")
+    scratch.call_index[:num_tokens] = 0
+    scratch.call_length[:num_tokens] = 1
 
 
 @njit(cache=True, inline="always")

@@ -20,13 +20,28 @@ SCRATCH_SLOTS = ("q8", "scales", "isums")
 
 @njit(cache=True, inline="always")
 def prepare_q8_k(x, scratch):
-    """x (T, K) -> (xq (T, K) int8, xd (T, K/256) f32, bsums (T, K/16) int32) views of scratch."""
+    """x (T, K) -> (xq (T, K) int8, xd (T, K/256) f32, bsums (T, K/16) int32, call_index (T,),
+    call_length (T,)) views of scratch (the last two as set by the caller: common.py)."""
     num_tokens, length = x.shape
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // SUPER_BLOCK)
     bsums = rows_of(scratch.isums, num_tokens, length // 16)
     quantize_rows_q8_k(x, xq, xd, bsums)
-    return xq, xd, bsums
+    return xq, xd, bsums, scratch.call_index[:num_tokens], scratch.call_length[:num_tokens]
+
+
+@njit(cache=True, inline="always")
+def in_gemm_tile(call_index, call_length, t):
+    """Whether llama.cpp's repacked Q4_K matmul runs token t in a 4-token gemm tile: it is among
+    the first L - L % 4 tokens of its call of L."""
+    length = call_length[t]
+    return call_index[t] < length - length % 4
+
+
+@njit(cache=True, inline="always")
+def in_tiled_call(call_length, t, min_tokens):
+    """Whether llama.cpp's tiled K-quant matmul takes token t: its call has >= min_tokens tokens."""
+    return call_length[t] >= min_tokens
 
 
 # --------------------------------------------- Q4_K / Q5_K scales and mins: 12 bytes, 8 x 2 x 6 bits

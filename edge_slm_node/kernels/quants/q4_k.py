@@ -6,13 +6,16 @@ Packed layout (a group of 8 rows, per super-block, 1152 bytes; kernels/quants/kq
 d[8] f16 | dmin[8] f16 | the 12 scale bytes transposed (96 B) | 32 chunks (j, c) of 32 B, row r's
 nibble bytes 32j+4c..32j+4c+3 at 4r. Activations: Q8_K.
 llama.cpp's x86 build repacks Q4_K matrices (rows % 8 == 0) and runs ggml_gemv_q4_K_8x8_q8_K for
-single rows of activations and ggml_gemm_q4_K_8x8_q8_K for each 4 rows (a prompt's first
+single rows of activations and ggml_gemm_q4_K_8x8_q8_K for each 4 rows (a call's first
 T - T % 4 tokens; the rest go through the gemv). Both sum, per weight row, exact integers
     S = sum over sub-blocks s of sc_s * (q . x)_s,   M = sum over s of m_s * bsum32_s
 into acc = fma(float(S), d * d_x, acc), accm = fma(float(M), dmin * d_x, accm) and return
 acc - accm; the gemv does it once per super-block, the gemm once per pair of sub-blocks
-(4 per super-block). The kernels here take the same split of tokens and the same order,
-so both are bit-equal to llama.cpp's. Tail rows (in GGUF layout) follow the same rule (llama.cpp
+(4 per super-block). The kernels here pick each token's order by the same rule applied to
+the llama.cpp call it belongs to (scratch.call_index / call_length, kernels/quants/common.py),
+so both are bit-equal to llama.cpp's whatever else shares the kernel call; the gemm tokens are
+run 4 at a time (a token's result does not depend on its tile partners; a short last tile
+repeats one). Tail rows (in GGUF layout) follow the same rule (llama.cpp
 itself would not repack a matrix with rows % 8 != 0: its vec_dot order then, not emulated).
 The sub-block dots are vpdpbusd where the CPU has VNNI (high nibbles as q & 0xF0, i.e. 16x,
 undone after the scale multiply: exact); a gemm tile of 4 tokens unpacks each chunk once.
@@ -26,8 +29,8 @@ from ..simd_int import (broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, load_i8
                         shift_right_signed)
 from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import (SCRATCH_SLOTS, pair_sum, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k,  # noqa: F401
-                      scale_min, scale_min_rows, scales_and_mins)
+from .kquants import (SCRATCH_SLOTS, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
+                      put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -132,17 +135,17 @@ def _tile_token(low, high16, scale0, scale1, min0, min1, sums, at, dd, dmin, acc
 
 
 @njit(cache=True)
-def _group_tile(w, xq, xd, bsums, out, t0, col):
-    """8 rows (packed Q4_K group w) x tokens t0..t0+3 (a gemm tile) -> out[t, col:col+8], the
-    gemm's order; the weights are unpacked once for the 4 tokens."""
+def _group_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
+    """8 rows (packed Q4_K group w) x tokens t0, t1, t2, t3 (a gemm tile, repeats allowed) ->
+    out[t, col:col+8], the gemm's order; the weights are unpacked once for the 4 tokens."""
     a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = zeros_f32x8()
-    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
-    s0, s1, s2, s3 = bsums[t0], bsums[t0 + 1], bsums[t0 + 2], bsums[t0 + 3]
+    x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
+    s0, s1, s2, s3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
-        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t0 + 1, b])
-        e2, e3 = splat_f32(xd[t0 + 2, b]), splat_f32(xd[t0 + 3, b])
+        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t1, b])
+        e2, e3 = splat_f32(xd[t2, b]), splat_f32(xd[t3, b])
         for j in range(4):
             scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
             scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
@@ -153,36 +156,51 @@ def _group_tile(w, xq, xd, bsums, out, t0, col):
             a2, m2 = _tile_token(l2, h2, scale0, scale1, min0, min1, s2, at, mul(d, e2), mul(dmin, e2), a2, m2)
             a3, m3 = _tile_token(l3, h3, scale0, scale1, min0, min1, s3, at, mul(d, e3), mul(dmin, e3), a3, m3)
     store_f32x8(out[t0], col, sub(a0, m0))
-    store_f32x8(out[t0 + 1], col, sub(a1, m1))
-    store_f32x8(out[t0 + 2], col, sub(a2, m2))
-    store_f32x8(out[t0 + 3], col, sub(a3, m3))
+    store_f32x8(out[t1], col, sub(a1, m1))
+    store_f32x8(out[t2], col, sub(a2, m2))
+    store_f32x8(out[t3], col, sub(a3, m3))
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
-    xq, xd, bsums = acts
+    xq, xd, bsums, call_index, call_length = acts
     num_tokens = xd.shape[0]
-    full_tiles = num_tokens // 4 * 4
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for t0 in range(0, full_tiles, 4):
-            _group_tile(packed[i], xq, xd, bsums, out, t0, col)
-        for t in range(full_tiles, num_tokens):
-            _group_one(packed[i], xq, xd, bsums, out, t, col)
+        p0 = p1 = p2 = pending = 0                  # gemm tokens waiting for a full tile
+        for t in range(num_tokens):
+            if not in_gemm_tile(call_index, call_length, t):
+                _group_one(packed[i], xq, xd, bsums, out, t, col)
+            elif pending == 3:
+                _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
+                pending = 0
+            else:
+                if pending == 0:
+                    p0 = t
+                elif pending == 1:
+                    p1 = t
+                else:
+                    p2 = t
+                pending += 1
+        if pending == 1:
+            _group_tile(packed[i], xq, xd, bsums, out, p0, p0, p0, p0, col)
+        elif pending == 2:
+            _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p1, p1, col)
+        elif pending == 3:
+            _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, p2, col)
 
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
     """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
-    xq, xd, bsums = acts
+    xq, xd, bsums, call_index, call_length = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
-    full_tiles = xd.shape[0] // 4 * 4
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], t < full_tiles)
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], in_gemm_tile(call_index, call_length, t))
 
 
 @njit(cache=True)

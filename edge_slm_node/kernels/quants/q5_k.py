@@ -13,7 +13,8 @@ result ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs. Calls with 8 o
 to llama.cpp's tiled K-quant matmul (ggml-cpu/tiled, AVX-512 VNNI microkernel), which per
 super-block takes the exact integers S = sum of the S_l and M = sum of m_s * bsum32_s and
 accumulates acc = fma(fma(-float(M), dmin, float(S) * d), d_x, acc). The kernels here do the
-same, with the same split of calls.
+same, choosing per token by the size of the llama.cpp call it belongs to (scratch.call_length,
+kernels/quants/common.py), not by what else shares the kernel call.
 """
 import numpy as np
 from numba import njit
@@ -24,8 +25,8 @@ from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
 from ..vec8 import sub
 from .bits5 import fifth_bits
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import (SCRATCH_SLOTS, pair_sum, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k,  # noqa: F401
-                      scale_min, scale_min_rows, scales_and_mins)
+from .kquants import (SCRATCH_SLOTS, in_tiled_call, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
+                      put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -161,13 +162,12 @@ def _group_tiled(w, xq, xd, bsums, out, t, col):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
-    xq, xd, bsums = acts
-    tiled = xd.shape[0] >= TILED_MIN_TOKENS
+    xq, xd, bsums, _, call_length = acts
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         for t in range(xd.shape[0]):
-            if tiled:
+            if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
                 _group_tiled(packed[i], xq, xd, bsums, out, t, col)
             else:
                 _group_one(packed[i], xq, xd, bsums, out, t, col)
@@ -176,12 +176,12 @@ def _groups(first, last, packed, acts, outs, part_ends):
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
     """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
-    xq, xd, bsums = acts
+    xq, xd, bsums, _, call_length = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], xd.shape[0] >= TILED_MIN_TOKENS)
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], in_tiled_call(call_length, t, TILED_MIN_TOKENS))
 
 
 @njit(cache=True, inline="always")

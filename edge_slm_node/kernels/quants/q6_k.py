@@ -14,8 +14,9 @@ and a_l = fma(d * d_x, float(S_l), a_l), the result ((a4 + a0) + (a6 + a2)) + ((
 That is for fewer than 8 tokens; with 8 or more llama.cpp runs its tiled K-quant matmul
 (ggml-cpu/tiled, AVX-512 VNNI microkernel), which per super-block takes the exact integer
 S = sum of the S_l and accumulates acc = fma(float(S) * d, d_x, acc) (the product rounded).
-The kernels here hold those lanes for 8 rows (one F32x8 per lane) and take the same split of
-calls (T >= 8: the tiled order for every token), so they are bit-equal to it.
+The kernels here hold those lanes for 8 rows (one F32x8 per lane) and pick each token's order
+by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/quants/common.py;
+>= 8: tiled), so they are bit-equal to it whatever else shares the kernel call.
 """
 import numpy as np
 from numba import njit
@@ -26,7 +27,7 @@ from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import SCRATCH_SLOTS, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k  # noqa: F401
+from .kquants import SCRATCH_SLOTS, in_tiled_call, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k  # noqa: F401
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -179,12 +180,12 @@ def _offset(w, base, sums, b, m):
 
 
 @njit(cache=True)
-def _group_tiled4(w, xq, xd, bsums, out, t0, col):
-    """8 rows (packed Q6_K group w) x tokens t0..t0+3 of a call with >= 8 tokens -> out[t, col:col+8],
-    the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
+def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
+    """8 rows (packed Q6_K group w) x tokens t0, t1, t2, t3 of calls with >= 8 tokens ->
+    out[t, col:col+8], the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
     a0 = a1 = a2 = a3 = zeros_f32x8()
-    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
-    u0, u1, u2, u3 = bsums[t0], bsums[t0 + 1], bsums[t0 + 2], bsums[t0 + 3]
+    x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
+    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         s0 = s1 = s2 = s3 = zeros_i32x8()
@@ -203,43 +204,55 @@ def _group_tiled4(w, xq, xd, bsums, out, t0, col):
                 s3 = add(s3, sub_int(add(p3, q3), _offset(w, base, u3, b, 2 * lane)))
         d = load_halves_as_f32(w, base)
         a0 = fma(mul(to_f32(s0), d), splat_f32(xd[t0, b]), a0)
-        a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t0 + 1, b]), a1)
-        a2 = fma(mul(to_f32(s2), d), splat_f32(xd[t0 + 2, b]), a2)
-        a3 = fma(mul(to_f32(s3), d), splat_f32(xd[t0 + 3, b]), a3)
+        a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t1, b]), a1)
+        a2 = fma(mul(to_f32(s2), d), splat_f32(xd[t2, b]), a2)
+        a3 = fma(mul(to_f32(s3), d), splat_f32(xd[t3, b]), a3)
     store_f32x8(out[t0], col, a0)
-    store_f32x8(out[t0 + 1], col, a1)
-    store_f32x8(out[t0 + 2], col, a2)
-    store_f32x8(out[t0 + 3], col, a3)
+    store_f32x8(out[t1], col, a1)
+    store_f32x8(out[t2], col, a2)
+    store_f32x8(out[t3], col, a3)
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
-    xq, xd, bsums = acts
+    xq, xd, bsums, _, call_length = acts
     num_tokens = xd.shape[0]
-    tiled = num_tokens >= TILED_MIN_TOKENS
-    full_tiles = num_tokens // 4 * 4 if tiled else 0
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for t0 in range(0, full_tiles, 4):
-            _group_tiled4(packed[i], xq, xd, bsums, out, t0, col)
-        for t in range(full_tiles, num_tokens):
-            if tiled:
-                _group_tiled(packed[i], xq, xd, bsums, out, t, col)
-            else:
+        p0 = p1 = p2 = pending = 0                  # tiled tokens waiting for a group of 4
+        for t in range(num_tokens):
+            if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
                 _group_one(packed[i], xq, xd, bsums, out, t, col)
+            elif pending == 3:
+                _group_tiled4(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
+                pending = 0
+            else:
+                if pending == 0:
+                    p0 = t
+                elif pending == 1:
+                    p1 = t
+                else:
+                    p2 = t
+                pending += 1
+        if pending >= 1:
+            _group_tiled(packed[i], xq, xd, bsums, out, p0, col)
+        if pending >= 2:
+            _group_tiled(packed[i], xq, xd, bsums, out, p1, col)
+        if pending == 3:
+            _group_tiled(packed[i], xq, xd, bsums, out, p2, col)
 
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
     """The rows after the last full group (GGUF layout) x every token -> the last columns of the last out."""
-    xq, xd, bsums = acts
+    xq, xd, bsums, _, call_length = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], xd.shape[0] >= TILED_MIN_TOKENS)
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], in_tiled_call(call_length, t, TILED_MIN_TOKENS))
 
 
 @njit(cache=True, inline="always")
