@@ -1,8 +1,11 @@
-"""Reproduces the open service-loss finding (README, Soak): an honest client's create/destroy calls
-in a loop while `slots` clients flood create_session and `--generating` sessions decode; prints
-each call that got no answer within --reply-timeout-s and a JSON summary.
+"""Reproduces the open service-loss finding (README, Hostile clients): an honest client's
+create/destroy calls in a loop while a `slots` client floods create_session and `--generating`
+sessions decode. For each call with no answer within --reply-timeout-s it prints whether the node
+handled it (a create is followed by a destroy of the same id: "destroyed" means it was handled)
+and whether the answer came late; then a JSON summary with the answered calls' times.
 
     . scripts/env.sh && .venv/bin/python test/soak/flood_neighbour.py [--bursts 4] [--generating 4]
+        [--reply-timeout-s 60] [--service-queue-depth 1000] [--rate-limit-hz 500]
 """
 from __future__ import annotations
 
@@ -48,20 +51,39 @@ def burst(env: dict, index: int, seconds: float) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def call(client: RosClient, generators: Generators, name: str, session: str, timeout_s: float):
+    """One honest call, spinning (and keeping the generators busy) until answered; -> (future,
+    seconds it took, or None if no answer came within timeout_s)."""
+    future = client.services[name].call_async(client.types[name].Request(session_id=session, owner_key="honest"))
+    asked = time.monotonic()
+    spin_until(client, generators, future, timeout_s)
+    return future, (time.monotonic() - asked if future.done() else None)
+
+
+def spin_until(client: RosClient, generators: Generators, future, timeout_s: float) -> None:
+    asked = time.monotonic()
+    while not future.done() and time.monotonic() - asked < timeout_s:
+        client.executor.spin_once(timeout_sec=0.02)
+        generators.tend()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bursts", type=int, default=4)
     parser.add_argument("--burst-s", type=float, default=15.0)
     parser.add_argument("--generating", type=int, default=4)
     parser.add_argument("--reply-timeout-s", type=float, default=60.0)
+    parser.add_argument("--service-queue-depth", type=int, default=1000, help="the node's (replies kept)")
+    parser.add_argument("--rate-limit-hz", type=float, default=500.0, help="the node's service_rate_limit_hz")
     args = parser.parse_args()
     env = dict(os.environ)
     with tempfile.TemporaryDirectory() as directory:
         params = write_params(Path(directory), kv_pool_mb=24.0, max_context_tokens=640, max_sessions=12,
-                              max_new_tokens=24, status_rate_hz=2.0, service_rate_limit_hz=500.0, qos_depth=1000)
+                              max_new_tokens=24, status_rate_hz=2.0, service_rate_limit_hz=args.rate_limit_hz, qos_depth=1000,
+                              service_queue_depth=args.service_queue_depth)
         node = NodeProcess(params, env)
         client = RosClient(node)
-        calls, lost = 0, []
+        calls, lost, latencies = 0, [], []
         try:
             client.wait_ready()
             generators = Generators(client, args.generating)
@@ -71,22 +93,31 @@ def main() -> int:
                 while flood.poll() is None:
                     name = "create_session" if i % 2 == 0 else "destroy_session"
                     session = f"honest-{index}-{i // 2}"
-                    future = client.services[name].call_async(client.types[name].Request(session_id=session,
-                                                                                         owner_key="honest"))
                     calls += 1
-                    asked = time.monotonic()
-                    while not future.done() and time.monotonic() - asked < args.reply_timeout_s:
-                        client.executor.spin_once(timeout_sec=0.02)
-                        generators.tend()
-                    if not future.done():
+                    future, took = call(client, generators, name, session, args.reply_timeout_s)
+                    if took is not None:
+                        latencies.append(took)
+                    else:
                         lost.append({"burst": index, "call": name, "session": session})
                         print(f"no answer: {name} {session} (burst {index})", flush=True)
+                        if name == "create_session":
+                            # which side lost it: "destroyed" means the node handled the create
+                            # and its reply went missing (or is late: waited for below)
+                            answer, _ = call(client, generators, "destroy_session", session, args.reply_timeout_s)
+                            lost[-1]["destroy_after"] = answer.result().message if answer.done() else "no answer"
+                            i += 1
+                        spin_until(client, generators, future, args.reply_timeout_s)
+                        lost[-1]["late_answer"] = future.done()
+                        print(f"  {lost[-1]}", flush=True)
                     i += 1
                 flood.communicate()
         finally:
             client.close()
             node.stop()
-    print(json.dumps({"honest_calls": calls, "lost": lost}))
+    latencies.sort()
+    quantile = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3) if latencies else None
+    print(json.dumps({"honest_calls": calls, "lost": lost, "answer_s": {"median": quantile(0.5), "p99": quantile(0.99),
+                                                                      "max": quantile(1.0)}}))
     return 1 if lost else 0
 
 
