@@ -36,6 +36,8 @@ class EngineConfig:
     context_overflow: str = "drop_oldest"  # a turn that does not fit: drop_oldest turns, or error
     lock_memory: bool = False            # mlock weights, KV arena and buffers (engine/memory_lock.py)
     guard_zones: bool = False            # debug: canaries after every KV tile and buffer, checked every step
+    prefix_kv_cache: bool = False        # keep the shared prompt's KV on disk: a restart skips its prefill
+    prefix_kv_cache_dir: str = ""        # its folder; empty = $EDGE_SLM_PREFIX_KV_DIR or ~/.cache/edge_slm_node/prefix_kv
     tools: tuple = ()                    # engine.tools.Tool declarations shown to the model; () = none
 
     def validate(self) -> "EngineConfig":

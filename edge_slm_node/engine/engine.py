@@ -26,6 +26,7 @@ from .guard_check import GuardZoneError, guard_breach
 from .memory_lock import lock_arrays
 from .model_runner import ModelRunner
 from .postprocess import Postprocessor
+from .prefix_kv_cache import PrefixKVCache, cache_key, default_directory
 from .prompts import PromptBuilder
 from .request import FinishReason, Request, TokenEvent, held_bytes
 from .sampling import InvalidRequestError, Sampler, SamplingParams
@@ -84,15 +85,35 @@ class Engine:
         progress("kernels", 0, 1)               # loaded from numba's cache by their first calls
         self.runner.warm_up(self.kv)
         progress("kernels", 1, 1)
+        self.prefix_from_cache = False
         if self.prefix_ids:                     # computed once, its full blocks pinned for the engine's life
-            self.kv.allocate_prompt(PREFIX_SEQ_KEY, self.prefix_ids)
-            progress("shared-prompt prefill", 0, len(self.prefix_ids), "tokens")
-            self.runner.prefill(self.kv, PREFIX_SEQ_KEY, self.prefix_ids,
-                                lambda done: progress("shared-prompt prefill", done, len(self.prefix_ids), "tokens"))
+            self._compute_prefix(progress)
             self.kv.pin_sequence(PREFIX_SEQ_KEY)
         # after the prefix prefill: every buffer a step uses exists now
         self.locked_bytes = lock_arrays(self.runner.resident_arrays()) if config.lock_memory else 0
         progress.finish()
+
+    def _compute_prefix(self, progress) -> None:
+        """The shared prompt's KV: from the prefix KV cache file when it matches, else prefilled
+        (and the file written)."""
+        self.kv.allocate_prompt(PREFIX_SEQ_KEY, self.prefix_ids)
+        blocks = self.kv.block_table(PREFIX_SEQ_KEY)
+        count = len(self.prefix_ids)
+        cache = None
+        if self.config.prefix_kv_cache:
+            cache = PrefixKVCache(self.config.prefix_kv_cache_dir or default_directory(),
+                                  cache_key(self.model.path, self.prefix_ids, self.arena.storage.shape))
+            if cache.load(self.arena.storage, blocks):
+                self.kv.commit(PREFIX_SEQ_KEY, self.prefix_ids)
+                self.prefix_from_cache = True
+                log.info("shared prompt (%d tokens): KV read from %s", count, cache.path)
+                progress("shared-prompt prefill", count, count, "tokens")
+                return
+        progress("shared-prompt prefill", 0, count, "tokens")
+        self.runner.prefill(self.kv, PREFIX_SEQ_KEY, self.prefix_ids,
+                            lambda done: progress("shared-prompt prefill", done, count, "tokens"))
+        if cache is not None and cache.save(self.arena.storage, blocks) is None:
+            log.info("shared prompt (%d tokens): KV written to %s", count, cache.path)
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> bool:

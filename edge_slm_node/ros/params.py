@@ -54,6 +54,8 @@ PARAMETERS = {
                              "RLIMIT_MEMLOCK"),
     "guard_zones": _S(False, "debug: canary bytes after every KV block and buffer, checked after every step; "
                              "an overwrite ends the process (exit 3) naming the buffer"),
+    "prefix_kv_cache": _S(True, "keep the shared prompt's KV on disk (~/.cache/edge_slm_node/prefix_kv): a restart "
+                                "skips its prefill"),
     "qos_depth": _S(50, "queue depth of command / tokens topics", 1, 10000),
     "service_queue_depth": _S(1000, "replies each session service keeps for slow clients (requests: keep-all)",
                               1, 100000),
@@ -169,7 +171,7 @@ def settings_from_values(values: dict) -> NodeSettings:
         max_pending_per_session=runtime.max_pending_per_session,
         queue_timeout_s=runtime.queue_timeout_s, max_input_chars=values["max_input_chars"],
         max_new_tokens_limit=values["max_context_tokens"], lock_memory=bool(values["lock_memory"]),
-        guard_zones=bool(values["guard_zones"]), tools=tools,
+        guard_zones=bool(values["guard_zones"]), tools=tools, prefix_kv_cache=bool(values["prefix_kv_cache"]),
     ).validate()
     return NodeSettings(engine, runtime, int(values["qos_depth"]), int(values["service_queue_depth"]),
                         float(values["memory_cap_fraction"]), float(values["memory_reserve_fraction"]),
