@@ -31,33 +31,17 @@ def prepare_q8_k(x, scratch):
 
 
 @njit(cache=True, inline="always")
-def in_gemm_tiles(call_index, call_length):
-    """(T,) bool: the tokens llama.cpp's repacked Q4_K matmul runs in 4-token gemm tiles, the first
-    L - L % 4 of their call of L."""
-    return call_index < call_length - call_length % 4
+def in_gemm_tile(call_index, call_length, t):
+    """Whether llama.cpp's repacked Q4_K matmul runs token t in a 4-token gemm tile: it is among
+    the first L - L % 4 tokens of its call of L."""
+    length = call_length[t]
+    return call_index[t] < length - length % 4
 
 
 @njit(cache=True, inline="always")
-def in_tiled_calls(call_length, min_tokens):
-    """(T,) bool: the tokens llama.cpp's tiled K-quant matmul takes, those of calls of >= min_tokens."""
-    return call_length >= min_tokens
-
-
-@njit(cache=True, inline="always")
-def selected_first(selected):
-    """-> (token indices, the selected ones first, each part in order; how many are selected)."""
-    tokens = np.empty(selected.shape[0], np.int64)
-    count = 0
-    for t in range(selected.shape[0]):
-        if selected[t]:
-            tokens[count] = t
-            count += 1
-    rest = count
-    for t in range(selected.shape[0]):
-        if not selected[t]:
-            tokens[rest] = t
-            rest += 1
-    return tokens, count
+def in_tiled_call(call_length, t, min_tokens):
+    """Whether llama.cpp's tiled K-quant matmul takes token t: its call has >= min_tokens tokens."""
+    return call_length[t] >= min_tokens
 
 
 # --------------------------------------------- Q4_K / Q5_K scales and mins: 12 bytes, 8 x 2 x 6 bits

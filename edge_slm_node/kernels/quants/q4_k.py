@@ -29,8 +29,8 @@ from ..simd_int import (broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, load_i8
                         shift_right_signed)
 from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import (SCRATCH_SLOTS, in_gemm_tiles, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
-                      put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins, selected_first)
+from .kquants import (SCRATCH_SLOTS, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
+                      put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -165,18 +165,31 @@ def _group_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums, call_index, call_length = acts
-    tokens, gemm = selected_first(in_gemm_tiles(call_index, call_length))
+    num_tokens = xd.shape[0]
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for k in range(0, gemm, 4):                 # a short last tile repeats its last token
-            last_token = tokens[gemm - 1]
-            t1 = tokens[k + 1] if k + 1 < gemm else last_token
-            t2 = tokens[k + 2] if k + 2 < gemm else last_token
-            t3 = tokens[k + 3] if k + 3 < gemm else last_token
-            _group_tile(packed[i], xq, xd, bsums, out, tokens[k], t1, t2, t3, col)
-        for k in range(gemm, tokens.shape[0]):
-            _group_one(packed[i], xq, xd, bsums, out, tokens[k], col)
+        p0 = p1 = p2 = pending = 0                  # gemm tokens waiting for a full tile
+        for t in range(num_tokens):
+            if not in_gemm_tile(call_index, call_length, t):
+                _group_one(packed[i], xq, xd, bsums, out, t, col)
+            elif pending == 3:
+                _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
+                pending = 0
+            else:
+                if pending == 0:
+                    p0 = t
+                elif pending == 1:
+                    p1 = t
+                else:
+                    p2 = t
+                pending += 1
+        if pending == 1:
+            _group_tile(packed[i], xq, xd, bsums, out, p0, p0, p0, p0, col)
+        elif pending == 2:
+            _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p1, p1, col)
+        elif pending == 3:
+            _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, p2, col)
 
 
 @njit(cache=True)
@@ -185,10 +198,9 @@ def _tail(tail, acts, outs, part_ends):
     xq, xd, bsums, call_index, call_length = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
-    gemm = in_gemm_tiles(call_index, call_length)
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], gemm[t])
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], in_gemm_tile(call_index, call_length, t))
 
 
 @njit(cache=True)

@@ -25,7 +25,7 @@ from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
 from ..vec8 import sub
 from .bits5 import fifth_bits
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import (SCRATCH_SLOTS, in_tiled_calls, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
+from .kquants import (SCRATCH_SLOTS, in_tiled_call, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
 
@@ -163,12 +163,11 @@ def _group_tiled(w, xq, xd, bsums, out, t, col):
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums, _, call_length = acts
-    tiled = in_tiled_calls(call_length, TILED_MIN_TOKENS)
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         for t in range(xd.shape[0]):
-            if tiled[t]:
+            if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
                 _group_tiled(packed[i], xq, xd, bsums, out, t, col)
             else:
                 _group_one(packed[i], xq, xd, bsums, out, t, col)
@@ -180,10 +179,9 @@ def _tail(tail, acts, outs, part_ends):
     xq, xd, bsums, _, call_length = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
-    tiled = in_tiled_calls(call_length, TILED_MIN_TOKENS)
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], tiled[t])
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], in_tiled_call(call_length, t, TILED_MIN_TOKENS))
 
 
 @njit(cache=True, inline="always")

@@ -27,8 +27,7 @@ from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import (SCRATCH_SLOTS, in_tiled_calls, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
-                      put_transposed, repack_k, selected_first)
+from .kquants import SCRATCH_SLOTS, in_tiled_call, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k  # noqa: F401
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -218,17 +217,31 @@ def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums, _, call_length = acts
-    tokens, tiled = selected_first(in_tiled_calls(call_length, TILED_MIN_TOKENS))
-    full = tiled - tiled % 4
+    num_tokens = xd.shape[0]
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for k in range(0, full, 4):
-            _group_tiled4(packed[i], xq, xd, bsums, out, tokens[k], tokens[k + 1], tokens[k + 2], tokens[k + 3], col)
-        for k in range(full, tiled):
-            _group_tiled(packed[i], xq, xd, bsums, out, tokens[k], col)
-        for k in range(tiled, tokens.shape[0]):
-            _group_one(packed[i], xq, xd, bsums, out, tokens[k], col)
+        p0 = p1 = p2 = pending = 0                  # tiled tokens waiting for a group of 4
+        for t in range(num_tokens):
+            if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+                _group_one(packed[i], xq, xd, bsums, out, t, col)
+            elif pending == 3:
+                _group_tiled4(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
+                pending = 0
+            else:
+                if pending == 0:
+                    p0 = t
+                elif pending == 1:
+                    p1 = t
+                else:
+                    p2 = t
+                pending += 1
+        if pending >= 1:
+            _group_tiled(packed[i], xq, xd, bsums, out, p0, col)
+        if pending >= 2:
+            _group_tiled(packed[i], xq, xd, bsums, out, p1, col)
+        if pending == 3:
+            _group_tiled(packed[i], xq, xd, bsums, out, p2, col)
 
 
 @njit(cache=True)
@@ -237,10 +250,9 @@ def _tail(tail, acts, outs, part_ends):
     xq, xd, bsums, _, call_length = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
-    tiled = in_tiled_calls(call_length, TILED_MIN_TOKENS)
     for r in range(tail.shape[0]):
         for t in range(xd.shape[0]):
-            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], tiled[t])
+            out[t, first + r] = row_dot(tail[r], xq[t], xd[t], bsums[t], in_tiled_call(call_length, t, TILED_MIN_TOKENS))
 
 
 @njit(cache=True, inline="always")
