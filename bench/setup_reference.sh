@@ -70,7 +70,8 @@ if ! venv_ok; then
         || die "EDGE_SLM_REFERENCE_VENV=$REF_VENV has no working native llama-cpp-python $VERSION"
     src="$(sdist)"
     [ -x "$REF_VENV/bin/python" ] || python3 -m venv "$REF_VENV"
-    "$REF_VENV/bin/pip" install -q --disable-pip-version-check numpy
+    # llama-cpp-python's own runtime dependencies (the build below is --no-deps)
+    "$REF_VENV/bin/pip" install -q --disable-pip-version-check numpy typing-extensions diskcache jinja2
     # CMAKE_ARGS is split shell-style by scikit-build-core: quote the flags that hold spaces
     cmake_args=""
     for flag in "${CMAKE_FLAGS[@]}"; do cmake_args+="$(printf '%q ' "$flag")"; done

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import time
@@ -197,8 +198,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def show_loading_progress() -> None:
+    """The engine logs each loading stage (edge_slm_node.loading, INFO); on the console they go
+    to stderr, so `--json` output on stdout stays one document."""
+    progress_log = logging.getLogger("edge_slm_node.loading")
+    if not any(getattr(h, "edge_slm_console", False) for h in progress_log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("edge-slm: %(message)s"))
+        handler.edge_slm_console = True
+        progress_log.addHandler(handler)
+    progress_log.setLevel(logging.INFO)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    show_loading_progress()
     try:
         return args.run(args)
     except (FileNotFoundError, GGUFError, ConfigError, InvalidRequestError, catalog.CatalogError) as error:

@@ -12,6 +12,7 @@ Built on the public Executor API (wait_for_ready_callbacks), as in Humble throug
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
@@ -22,7 +23,8 @@ class BoundedExecutor(Executor):
     def __init__(self, num_threads: int, on_error: Optional[Callable[[BaseException], None]] = None, context=None):
         super().__init__(context=context)
         self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="edge_slm_callbacks")
-        self._slots = threading.BoundedSemaphore(2 * num_threads)   # started + next in line
+        self._num_slots = 2 * num_threads                            # started + next in line
+        self._slots = threading.BoundedSemaphore(self._num_slots)
         self._on_error = on_error
 
     def spin_once(self, timeout_sec: Optional[float] = None) -> None:
@@ -46,6 +48,16 @@ class BoundedExecutor(Executor):
                 self._on_error(error)
         finally:
             self._slots.release()
+
+    def wait_idle(self, timeout_sec: float) -> bool:
+        """Take every slot, so no callback runs or starts until the process ends; -> all were free
+        in time. Called before the node's publishers are destroyed: a timer callback still running
+        would publish through a destroyed handle."""
+        deadline = time.monotonic() + timeout_sec
+        for _ in range(self._num_slots):
+            if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     def shutdown(self, timeout_sec: Optional[float] = None) -> bool:
         done = super().shutdown(timeout_sec)

@@ -45,6 +45,9 @@ from .status import StatusPublisher
 # executor thread: enough threads that such waits overlap instead of queueing every other call.
 # Each executing generate goal holds one more.
 EXECUTOR_THREADS = 8
+# at exit, how long running callbacks (a status timer, a session call) get to finish before the
+# node's handles are destroyed under them
+CALLBACK_DRAIN_S = 1.0
 SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
 # exit codes when autostart fails: a parameter or model file is wrong / anything else
 EXIT_BAD_CONFIG, EXIT_FAILED = 2, 1
@@ -250,6 +253,7 @@ def main(args=None):
     memory_settings = configure_process_memory()      # before the middleware and its threads start
     rclpy.init(args=args)
     node = None
+    executor = None
     exit_code = 0
 
     def stop_on_sigterm(signum, frame):        # Humble's rclpy only handles SIGINT
@@ -283,6 +287,8 @@ def main(args=None):
         # second signal must not interrupt the clean-up
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if executor is not None and not executor.wait_idle(CALLBACK_DRAIN_S):
+            node.get_logger().warning(f"callbacks still running after {CALLBACK_DRAIN_S:.0f} s; destroying the node anyway")
         if node is not None:
             node.stop()
             node.destroy_node()

@@ -80,3 +80,30 @@ def test_our_tokenizer_equals_llama_cpp_on_held_out_strings(model):
     assert TOKENS["gguf_pre_tokenizer"] == "qwen2" == model.tokenizer.pre
     for text, ids in zip(TOKENS["strings"], TOKENS["ids"]["qwen2"]):
         assert model.tokenizer.encode(text) == ids, text
+
+
+def _chatml_messages(prompt_text: str) -> list[dict]:
+    """The turns of a ChatML prompt that ends with the assistant's opening, as rendered."""
+    body, opening = prompt_text.rsplit("<|im_start|>assistant\n", 1)
+    assert opening == "" and body.endswith("<|im_end|>\n"), prompt_text[-80:]
+    turns = body[len("<|im_start|>"):-len("<|im_end|>\n")].split("<|im_end|>\n<|im_start|>")
+    return [dict(zip(("role", "content"), turn.split("\n", 1))) for turn in turns]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c["kind"] == "chat"], ids=lambda c: c["name"])
+def test_gguf_chat_template_renders_llama_cpp_prompt(model, case):
+    """llama-cpp-python rendered these prompts with the GGUF's own template (Jinja2ChatFormatter);
+    ours renders the same turns to the same text, and without a system turn the template's
+    default system prompt (the `default_system` cases were asked that way)."""
+    messages = _chatml_messages(case["prompt_text"])
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert model.chat_template.render(messages, add_generation_prompt=True) == case["prompt_text"]
+    if "You are Qwen, created by Alibaba Cloud." in messages[0]["content"]:
+        assert model.chat_template.render(messages[1:], add_generation_prompt=True) == case["prompt_text"]
+
+
+def test_end_of_generation_ids_are_llama_cpp_s(model):
+    """The ids that end an answer come from the GGUF as llama.cpp reads them (its vocab's eog set)."""
+    vocab = TOKENS["vocab"]
+    assert sorted(model.tokenizer.eog_ids) == vocab["eog_ids"]
+    assert model.tokenizer.eos_id == vocab["eos_id"]
