@@ -75,8 +75,11 @@ def main() -> int:
     parser.add_argument("--reply-timeout-s", type=float, default=60.0)
     parser.add_argument("--service-queue-depth", type=int, default=1000, help="the node's (replies kept)")
     parser.add_argument("--rate-limit-hz", type=float, default=500.0, help="the node's service_rate_limit_hz")
+    parser.add_argument("--client-profile", default="", help="a Fast DDS XML profile for the honest client only")
     args = parser.parse_args()
     env = dict(os.environ)
+    if args.client_profile:                   # read when this process creates its participant, below
+        os.environ["FASTDDS_DEFAULT_PROFILES_FILE"] = args.client_profile
     with tempfile.TemporaryDirectory() as directory:
         params = write_params(Path(directory), kv_pool_mb=24.0, max_context_tokens=640, max_sessions=12,
                               max_new_tokens=24, status_rate_hz=2.0, service_rate_limit_hz=args.rate_limit_hz, qos_depth=1000,
