@@ -13,6 +13,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0         # model load + numba compile on a cold cache
 REPLY_TIMEOUT_S = 30.0
+LONG_ANSWER = "Count from 1 to 200, one number per line."
+
+
+def counting_grammar(last: int) -> str:
+    """A Lark grammar that allows one answer only, "1\\n2\\n...last\\n" (about 4 tokens a number):
+    any model decodes it to its end or max_new_tokens, where tests must act while a request decodes
+    (Qwen2.5-Coder answers LONG_ANSWER in 50 tokens, or with a 3-line loop)."""
+    return 'start: "' + "".join(f"{n}\\n" for n in range(1, last + 1)) + '"'
 
 
 def write_params(directory: Path, **overrides) -> Path:

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from node_harness import REPO, NodeProcess, RosClient, running_node, write_params
+from node_harness import LONG_ANSWER, REPO, NodeProcess, RosClient, counting_grammar, running_node, write_params
 
-LONG_ANSWER = "Count from 1 to 200, one number per line."
+LONG_GRAMMAR = counting_grammar(200)
 
 
 def release(client, session_id):
@@ -53,7 +53,7 @@ def test_client_vanishing_mid_stream_changes_nothing(faulty, ros_env_module):
 
 def test_cancel_during_decode_frees_blocks(faulty):
     c = faulty
-    c.send("cancel-me", LONG_ANSWER, 20, max_new_tokens=200, temperature=0.0)
+    c.send("cancel-me", LONG_ANSWER, 20, max_new_tokens=200, temperature=0.0, grammar=LONG_GRAMMAR)
     c.spin_until(lambda: len(c.chunks_of(20)) >= 3, 120, "decoding to start")
     during = c.wait_pool(lambda p: any(s.session_id == "cancel-me" and s.state == "decode" for s in p.sessions),
                          "the session decoding in pool_status", 60)
@@ -72,7 +72,7 @@ def test_cancel_during_decode_frees_blocks(faulty):
 def test_destroy_during_generation(faulty):
     c = faulty
     baseline_used = c.wait_pool(lambda p: not p.sessions, "no sessions").used_blocks
-    c.send("kill-me", LONG_ANSWER, 30, max_new_tokens=200)
+    c.send("kill-me", LONG_ANSWER, 30, max_new_tokens=200, grammar=LONG_GRAMMAR)
     c.spin_until(lambda: len(c.chunks_of(30)) >= 2, 120, "decoding to start")
     reply = c.call("destroy_session", session_id="kill-me")
     assert reply.success and reply.freed_blocks > 0
@@ -140,7 +140,7 @@ def test_signal_stops_the_node_mid_generation(tmp_path, ros_env_module, sig):
     client = RosClient(node)
     try:
         client.wait_ready()
-        client.send("s", LONG_ANSWER, 60, max_new_tokens=200)
+        client.send("s", LONG_ANSWER, 60, max_new_tokens=200, grammar=LONG_GRAMMAR)
         client.spin_until(lambda: len(client.chunks_of(60)) >= 2, 120, "decoding to start")
         took = node.stop(sig, timeout=10)
         assert node.process.returncode in (0, -sig, 128 + sig), node.log()[-2000:]

@@ -7,14 +7,14 @@ import pytest
 import yaml
 
 from launch_harness import LaunchedNode, ros2, ros2_missing_reason, timed_ros2
-from node_harness import REPLY_TIMEOUT_S, RosClient, write_params
+from node_harness import LONG_ANSWER, REPLY_TIMEOUT_S, RosClient, counting_grammar, write_params
 
 MISSING = ros2_missing_reason()
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING)
 
 NAMESPACE = "cell7"
 NODE = f"/{NAMESPACE}/edge_slm_node"
-LONG_ANSWER = "Count from 1 to 200, one number per line."
+LONG_GRAMMAR = counting_grammar(200)
 STATUS_PERIOD_S = 20.0          # so slow that only a latched pool_status can answer a late echo at once
 
 
@@ -95,7 +95,7 @@ def test_run_time_parameters_are_validated_and_apply_to_the_next_request(cell):
     client.spin_until(lambda: len(client.pools) >= count + 5, 5.0, "pool_status at the new 5 Hz")
 
     assert "Set parameter successful" in param_set(env, "max_new_tokens", 3)[1]
-    client.send("rt-1", LONG_ANSWER, 1, temperature=0.0)            # max_new_tokens 0 = the node default
+    client.send("rt-1", LONG_ANSWER, 1, temperature=0.0, grammar=LONG_GRAMMAR)            # max_new_tokens 0 = the node default
     final = client.wait_done(1)[-1]
     assert (final.finish_reason, final.completion_tokens) == ("length", 3), final
 
@@ -146,7 +146,7 @@ def test_generate_action_feedback_result_cancel_and_bad_goals(cell):
     assert [f.seq for f in feedback] == list(range(len(feedback))) and feedback
     assert "".join(f.text for f in feedback) == done.result.text and done.result.text.strip()
 
-    handle, feedback = send(Generate.Goal(session_id="act-2", text=LONG_ANSWER, max_new_tokens=200))
+    handle, feedback = send(Generate.Goal(session_id="act-2", text=LONG_ANSWER, max_new_tokens=200, grammar=LONG_GRAMMAR))
     client.spin_until(lambda: len(feedback) >= 3, 120, "the long goal's feedback")
     during = client.wait_pool(lambda p: any(s.session_id == "act-2" and s.state == "decode" for s in p.sessions),
                               "the goal's session decoding in pool_status", 60)

@@ -7,11 +7,11 @@ import pytest
 import yaml
 
 from launch_harness import LaunchedNode, ros2, ros2_missing_reason, timed_ros2
-from node_harness import REPLY_TIMEOUT_S, RosClient, write_params
+from node_harness import LONG_ANSWER, REPLY_TIMEOUT_S, RosClient, counting_grammar, write_params
 
 MISSING = ros2_missing_reason()
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING)
-LONG_ANSWER = "Count from 1 to 200, one number per line."
+LONG_GRAMMAR = counting_grammar(500)            # ~1,900 tokens
 
 
 def lifecycle_get(env, node):
@@ -80,14 +80,15 @@ def test_lifecycle_transitions_and_their_cost(tmp_path, ros_env_module):
         client.send("lc", "Say hi.", 3, max_new_tokens=4)
         assert client.wait_done(3)[-1].finish_reason in ("length", "stop")
 
-        client.send("lc", LONG_ANSWER, 4, max_new_tokens=1500)      # ~20 s: still decoding when deactivated
+        client.send("lc", LONG_ANSWER, 4, max_new_tokens=1500, grammar=LONG_GRAMMAR)      # ~20 s: still decoding when deactivated
         from action_msgs.msg import GoalStatus
         from rclpy.action import ActionClient
 
         from edge_slm_node.action import Generate
         actions = ActionClient(client.node, Generate, "generate")
         client.spin_until(actions.server_is_ready, REPLY_TIMEOUT_S, "the generate action server")
-        sent = actions.send_goal_async(Generate.Goal(session_id="lc-goal", text=LONG_ANSWER, max_new_tokens=1500))
+        sent = actions.send_goal_async(Generate.Goal(session_id="lc-goal", text=LONG_ANSWER, max_new_tokens=1500,
+                                                                  grammar=LONG_GRAMMAR))
         client.spin_until(sent.done, REPLY_TIMEOUT_S, "the goal accepted")
         goal_result = sent.result().get_result_async()
         client.spin_until(lambda: len(client.chunks_of(4)) >= 3, 120, "the long answer decoding")
