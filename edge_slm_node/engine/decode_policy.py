@@ -11,6 +11,8 @@ class DecodeThreading(str, enum.Enum):
     SPLIT = "split"              # sequences in parts, one per thread, each part's layers in one kernel call
     ONE_THREAD = "one thread"    # all sequences on the engine thread, layers in one kernel call
     POOL = "thread pool"         # all sequences on the engine thread, each big matmul on numba's pool
+    TEAM = "team"                # one forward on the engine and side threads together: matmul rows
+                                 # split between them, a spin barrier between kernels (kernels/team.py)
 
 
 class DecodePolicy:
@@ -38,18 +40,20 @@ class DecodePolicy:
         self._state: dict = {}           # sequences -> _Choice
 
     @staticmethod
-    def modes(sequences: int, can_split: bool, can_pool: bool = False) -> tuple:
-        """The candidates: split for 2+ sequences when there are side threads; the thread pool when
-        it has 2+ threads; one thread always. Which wins depends on the machine and its load
-        (README, "Scheduler"), so every candidate is measured."""
+    def modes(sequences: int, can_split: bool, can_pool: bool = False, can_team: bool = False) -> tuple:
+        """The candidates: split for 2+ sequences when there are side threads; a team when there
+        are side threads for it; the thread pool when it has 2+ threads; one thread always. Which
+        wins depends on the machine and its load (README, "Scheduler"), so every candidate is measured."""
         split = (DecodeThreading.SPLIT,) if can_split and sequences >= 2 else ()
+        team = (DecodeThreading.TEAM,) if can_team else ()
         pool = (DecodeThreading.POOL,) if can_pool else ()
-        return split + pool + (DecodeThreading.ONE_THREAD,)
+        return split + team + pool + (DecodeThreading.ONE_THREAD,)
 
-    def choose(self, sequences: int, can_split: bool, can_pool: bool = False) -> DecodeThreading:
-        modes = self.modes(sequences, can_split, can_pool)
+    def choose(self, sequences: int, can_split: bool, can_pool: bool = False, can_team: bool = False) -> DecodeThreading:
+        modes = self.modes(sequences, can_split, can_pool, can_team)
         if self.forced is not None:
-            return self.forced if _possible(self.forced, sequences, can_split, can_pool) else DecodeThreading.ONE_THREAD
+            possible = _possible(self.forced, sequences, can_split, can_pool, can_team)
+            return self.forced if possible else DecodeThreading.ONE_THREAD
         if len(modes) == 1:
             return modes[0]
         state = self._state.setdefault(sequences, _Choice(self.explore_every))
@@ -100,10 +104,13 @@ class DecodePolicy:
         return latest > self.margin * min(self.estimate(sequences, w) for w in modes if w is not mode)
 
 
-def _possible(mode: DecodeThreading, sequences: int, can_split: bool, can_pool: bool) -> bool:
-    """Whether a forced mode can run: split needs side threads and 2+ sequences, the pool 2+ threads."""
+def _possible(mode: DecodeThreading, sequences: int, can_split: bool, can_pool: bool, can_team: bool) -> bool:
+    """Whether a forced mode can run: split needs side threads and 2+ sequences, a team side
+    threads, the pool 2+ threads."""
     if mode is DecodeThreading.SPLIT:
         return can_split and sequences >= 2
+    if mode is DecodeThreading.TEAM:
+        return can_team
     return can_pool or mode is DecodeThreading.ONE_THREAD
 
 

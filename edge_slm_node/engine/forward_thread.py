@@ -1,11 +1,13 @@
-"""A second forward pass on a thread of its own, for half of a decode step's sequences."""
+"""A second forward pass on a thread of its own: for half of a decode step's sequences, or as a
+member of a team running one forward together (model/transformer.py TeamRole)."""
 from __future__ import annotations
 
 import threading
+from typing import Optional
 
 import numpy as np
 
-from ..model.transformer import ForwardBatch, Transformer
+from ..model.transformer import ForwardBatch, TeamRole, Transformer
 from .batch import BatchBuilder
 
 
@@ -25,8 +27,8 @@ class ForwardThread:
         self._thread = threading.Thread(target=self._loop, name="edge_slm_side_forward", daemon=True)
         self._thread.start()
 
-    def run(self, batch: ForwardBatch, kv_arena: np.ndarray) -> None:
-        self._job = (batch, kv_arena)
+    def run(self, batch: ForwardBatch, kv_arena: np.ndarray, team: Optional[TeamRole] = None) -> None:
+        self._job = (batch, kv_arena, team)
         self._done.clear()
         self._start.set()
 
@@ -52,9 +54,9 @@ class ForwardThread:
             self._forward(*self._job)
             self._done.set()
 
-    def _forward(self, batch: ForwardBatch, kv_arena: np.ndarray) -> None:
+    def _forward(self, batch: ForwardBatch, kv_arena: np.ndarray, team: Optional[TeamRole]) -> None:
         # a frame of its own: no local of the loop keeps the last job's arrays alive
         try:
-            self._result = self.transformer.forward(batch, kv_arena, parallel=False)
+            self._result = self.transformer.forward(batch, kv_arena, parallel=False, team=team)
         except Exception as error:            # handed to the engine thread by wait()
             self._result, self._error = None, error

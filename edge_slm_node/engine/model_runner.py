@@ -18,11 +18,12 @@ from typing import Optional
 import numba
 import numpy as np
 
+from ..kernels.team import new_sync
 from ..kv.arena import KVArena
 from ..kv.block_manager import KVBlockManager
 from ..model.buffers import GuardZones
 from ..model.loader import LoadedModel
-from ..model.transformer import Transformer
+from ..model.transformer import TeamRole, Transformer
 from .batch import BatchBuilder
 from .config import EngineConfig
 from .decode_policy import DecodePolicy, DecodeThreading
@@ -52,6 +53,8 @@ class ModelRunner:
                           for _ in range(config.num_threads - 1)]
         self.decode_policy = DecodePolicy()
         self.split_steps = 0                # decode steps split over the side threads
+        self.team_steps = 0                 # decode steps run by a team of this and the side threads
+        self.team_sync = new_sync()
         self.last_run = ""                  # what the last step ran (named when a guard zone breaks)
         self.last_batches: list = []        # the ForwardBatches it ran
 
@@ -84,7 +87,7 @@ class ModelRunner:
             self.last_batches = [self.batch.build()]
             return self.transformer.forward(self.last_batches[0], self.arena.data, parallel=True)
         mode = self.decode_policy.choose(len(plan.decode), can_split=bool(self.sides),
-                                         can_pool=self.pool_threads >= 2)
+                                         can_pool=self.pool_threads >= 2, can_team=bool(self.sides))
         parts = min(len(self.sides) + 1, len(plan.decode)) if mode is DecodeThreading.SPLIT else 1
         builders = [self.batch] + [side.batch for side in self.sides[:parts - 1]]
         for index, builder in enumerate(builders):     # near-equal runs of sequences, in order
@@ -97,6 +100,8 @@ class ModelRunner:
         self.last_batches = [builder.build() for builder in builders]
         if parts > 1:
             logits = self._split_forward(self.last_batches[0], self.last_batches[1:])
+        elif mode is DecodeThreading.TEAM:
+            logits = self._team_forward(self.last_batches[0])
         else:
             logits = self.transformer.forward(self.last_batches[0], self.arena.data,
                                               parallel=mode is DecodeThreading.POOL)
@@ -130,6 +135,28 @@ class ModelRunner:
         if error is not None:
             raise error
         return rows
+
+    def _team_forward(self, batch) -> np.ndarray:
+        """batch's one forward run by this thread and every side thread together (TeamRole)."""
+        self.team_steps += 1
+        members = len(self.sides) + 1
+        self.team_sync.fill(0)
+        for member, side in enumerate(self.sides, start=1):
+            side.run(batch, self.arena.data, TeamRole(member, members, self.transformer, self.team_sync))
+        error, logits = None, None
+        try:
+            logits = self.transformer.forward(batch, self.arena.data, parallel=False,
+                                              team=TeamRole(0, members, self.transformer, self.team_sync))
+        except Exception as exc:
+            error = exc
+        for side in self.sides:             # every side thread is idle again before the step ends
+            try:
+                side.wait()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return logits
 
     # ---- start-up -----------------------------------------------------------------------------
     def prefill(self, kv: KVBlockManager, seq_id, token_ids: list, progress=lambda done: None) -> None:

@@ -41,6 +41,7 @@ from .gelu import geglu
 from .kv_write import write_kv
 from .ops import add_bias, add_in_place, apply_rope, rms_norm, scale_in_place, silu_mul
 from .quants.common import MATMUL_SIGNATURE
+from .team import barrier
 
 # The matmuls are called through numba's first-class function objects, the one experimental
 # numba feature used here; the tests cover it (bit-equality with the scalar references).
@@ -86,6 +87,10 @@ LayerArrays = namedtuple("LayerArrays", ["attn_norm", "ffn_norm", "q_bias", "k_b
 Activations = namedtuple("Activations", ["hidden", "normed", "q", "k", "v", "attn", "proj", "gate", "up", "empty"])
 BatchArrays = namedtuple("BatchArrays", ["positions", "slot_mapping", "block_tables", "token_seq", "token_context",
                                          "prompt_order", "output_rows"])
+# A forward's team (kernels/team.py): this thread's member index, how many run it, their shared
+# sync array (zeroed before the forward) and how many CPU cycles a member waits at a barrier
+# before it gives the team up
+Team = namedtuple("Team", ["member", "members", "sync", "patience"])
 LayerConsts = namedtuple("LayerConsts", ["eps", "neox", "num_heads", "num_kv_heads", "head_dim", "attention_scale",
                                          "attention_work", "kv_row", "kv_bits", "avx512", "query_scale",
                                          "gelu_table"])
@@ -125,11 +130,25 @@ def _parts(layer, matmuls, kernel_of, index, first, count, fused, x, scratch, a,
             _matmul(layer, matmuls, kernel_of, index, first + 2, x, scratch, (c, empty, empty))
 
 
+@njit(cache=True, inline="always")
+def _meet(team, passed):
+    """The team's next barrier after `passed` ones; -> how many are passed now, -1 if the team is aborted."""
+    if passed < 0 or not barrier(team.sync, team.members, passed + 1, team.patience):
+        return -1
+    return passed + 1
+
+
 @njit(cache=True, nogil=True)
-def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_arena, threads):
+def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_arena, threads, team):
     """acts.hidden (T, n) through every layer in place; each layer's K and V written into
-    kv_arena (layers, 2, blocks, block_size, kv_heads, head_dim) u16 at batch.slot_mapping."""
+    kv_arena (layers, 2, blocks, block_size, kv_heads, head_dim) u16 at batch.slot_mapping.
+    Run by each member of `team` (Team) on the same acts: the members split each matmul's rows
+    (their `inputs` scratch says which share, kernels/quants/common.py), member 0 does the rest,
+    and they meet at a barrier between the two; a team of one runs it all. -> barriers passed
+    (the members' next one is that + 1), -1 if the team was aborted."""
     c = consts
+    lead = team.member == 0
+    passed = 0
     num_tokens = acts.hidden.shape[0]
     heads_q = acts.q.reshape(num_tokens, c.num_heads, c.head_dim)
     heads_k = acts.k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
@@ -143,52 +162,77 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
     empty = acts.empty
     for index in range(len(layers)):
         layer = layers[index]
-        rms_norm(acts.hidden, layer.attn_norm, c.eps, acts.normed)
+        if lead:
+            rms_norm(acts.hidden, layer.attn_norm, c.eps, acts.normed)
+        passed = _meet(team, passed)
         _parts(layer, matmuls, kernel_of, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
-        if layer.q_bias.shape[0] > 0:
-            add_bias(acts.q, layer.q_bias)
-            add_bias(acts.k, layer.k_bias)
-            add_bias(acts.v, layer.v_bias)
-        if layer.q_norm.shape[0] > 0:       # per head, in place (each row is read before it is written)
-            rows_q = acts.q.reshape(num_tokens * c.num_heads, c.head_dim)
-            rows_k = acts.k.reshape(num_tokens * c.num_kv_heads, c.head_dim)
-            rms_norm(rows_q, layer.q_norm, c.eps, rows_q)
-            rms_norm(rows_k, layer.k_norm, c.eps, rows_k)
-        apply_rope(heads_q, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
-        apply_rope(heads_k, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
-        if c.query_scale != 1.0:
-            scale_in_place(acts.q, c.query_scale)
-        k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
-        write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
-        if attention_on_pool:
-            paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                                     batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
-                                     c.attention_work, c.avx512, layer.window)
-        else:
-            paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
-                                   batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work,
-                                   c.avx512, layer.window)
+        passed = _meet(team, passed)
+        if lead:
+            _attention(layer, index, acts, heads_q, heads_k, heads_v, heads_out, num_tokens, batch, c, kv_arena,
+                       attention_on_pool)
+        passed = _meet(team, passed)
         _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
-        if layer.post_attn_norm.shape[0] > 0:
-            rms_norm(acts.proj, layer.post_attn_norm, c.eps, acts.proj)
-        add_in_place(acts.hidden, acts.proj)
+        passed = _meet(team, passed)
         rows = num_tokens
         if index == len(layers) - 1:
-            if batch.output_rows.shape[0] < num_tokens:
-                rows = batch.output_rows.shape[0]
-                _gather_rows(acts.hidden, batch.output_rows, acts.proj)
+            rows = min(num_tokens, batch.output_rows.shape[0])
             _each_row_alone(model_input, rows)
             _each_row_alone(ffn_input, rows)
         hidden, normed, gate, up, proj = acts.hidden[:rows], acts.normed[:rows], acts.gate[:rows], acts.up[:rows], \
             acts.proj[:rows]
-        rms_norm(hidden, layer.ffn_norm, c.eps, normed)
+        if lead:
+            if layer.post_attn_norm.shape[0] > 0:
+                rms_norm(acts.proj, layer.post_attn_norm, c.eps, acts.proj)
+            add_in_place(acts.hidden, acts.proj)
+            if rows < num_tokens:
+                _gather_rows(acts.hidden, batch.output_rows, acts.proj)
+            rms_norm(hidden, layer.ffn_norm, c.eps, normed)
+        passed = _meet(team, passed)
         _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, normed, model_input, gate, up,
                empty, empty)
-        if c.gelu_table.shape[0] > 0:
-            geglu(gate, up, gate, c.gelu_table)
-        else:
-            silu_mul(gate, up, gate, c.avx512)
+        passed = _meet(team, passed)
+        if lead:
+            if c.gelu_table.shape[0] > 0:
+                geglu(gate, up, gate, c.gelu_table)
+            else:
+                silu_mul(gate, up, gate, c.avx512)
+        passed = _meet(team, passed)
         _matmul(layer, matmuls, kernel_of, index, DOWN, gate, ffn_input, (proj, empty, empty))
-        if layer.post_ffn_norm.shape[0] > 0:
-            rms_norm(proj, layer.post_ffn_norm, c.eps, proj)
-        add_in_place(hidden, proj)
+        passed = _meet(team, passed)
+        if lead:
+            if layer.post_ffn_norm.shape[0] > 0:
+                rms_norm(proj, layer.post_ffn_norm, c.eps, proj)
+            add_in_place(hidden, proj)
+        if passed < 0:
+            return -1
+    return _meet(team, passed)            # the lead's last residual add is in
+
+
+@njit(cache=True, inline="always")
+def _attention(layer, index, acts, heads_q, heads_k, heads_v, heads_out, num_tokens, batch, c, kv_arena,
+               attention_on_pool):
+    """q, k, v of one layer -> its attention output in acts.attn: biases, per-head norms, RoPE,
+    the K and V written into the cache, paged attention."""
+    if layer.q_bias.shape[0] > 0:
+        add_bias(acts.q, layer.q_bias)
+        add_bias(acts.k, layer.k_bias)
+        add_bias(acts.v, layer.v_bias)
+    if layer.q_norm.shape[0] > 0:       # per head, in place (each row is read before it is written)
+        rows_q = acts.q.reshape(num_tokens * c.num_heads, c.head_dim)
+        rows_k = acts.k.reshape(num_tokens * c.num_kv_heads, c.head_dim)
+        rms_norm(rows_q, layer.q_norm, c.eps, rows_q)
+        rms_norm(rows_k, layer.k_norm, c.eps, rows_k)
+    apply_rope(heads_q, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
+    apply_rope(heads_k, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
+    if c.query_scale != 1.0:
+        scale_in_place(acts.q, c.query_scale)
+    k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
+    write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
+    if attention_on_pool:
+        paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                                 batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
+                                 c.attention_work, c.avx512, layer.window)
+    else:
+        paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
+                               batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work,
+                               c.avx512, layer.window)

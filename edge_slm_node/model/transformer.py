@@ -13,17 +13,24 @@ import numpy as np
 from ..kernels import ops
 from ..kernels.attention import attention_work, check_work
 from ..kernels.gelu import gelu_table
-from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts, decoder_layers, layer_list,
+from ..kernels.layers import (Activations, BatchArrays, LayerArrays, LayerConsts, Team, decoder_layers, layer_list,
                               matmul_table)
 from ..kernels.quants import Q8_0
-from ..kernels.quants.common import new_scratch
+from ..kernels.quants.common import new_scratch, set_team
 from ..kernels.quants.q8_0 import gather_rows
+from ..kernels.team import barrier, new_sync
 from .buffers import GuardZones
 from .config import ModelConfig
 from .linear import FusedLinear
 from .weights import ModelWeights
 
 _EMPTY_F32 = np.zeros(0, np.float32)
+_NO_SYNC = new_sync()                 # a team of one never touches it
+# A team member waiting this long at a barrier gives the forward up (its partner died): far
+# beyond any step's work. Counted in cycles of the CPU's counter (rdtsc, a few GHz on x86; a
+# coarse deadline, only for a thread that never comes).
+TEAM_PATIENCE_S = 2.0
+CYCLES_PER_SECOND = 3e9
 
 
 @dataclass
@@ -60,6 +67,33 @@ def default_calls(token_seq: np.ndarray, num_sequences: int) -> tuple:
         index[t] = seen[seq]
         seen[seq] += 1
     return index, counts[token_seq].astype(np.int32)
+
+
+class TeamAborted(RuntimeError):
+    """A member of a forward's team never reached a barrier (its thread died or never started)."""
+
+
+@dataclass
+class TeamRole:
+    """One thread's part in a team forward (kernels/team.py): member index, team size, the lead
+    Transformer whose activations and logits the team shares, the sync array (zeroed by the lead
+    before the members start) and how long a member waits for the others before giving up."""
+    member: int
+    members: int
+    lead: "Transformer"
+    sync: np.ndarray
+    patience_s: float = TEAM_PATIENCE_S
+
+    @classmethod
+    def alone(cls, transformer: "Transformer") -> "TeamRole":
+        return cls(0, 1, transformer, _NO_SYNC)
+
+    def kernel_team(self) -> Team:
+        return Team(np.int64(self.member), np.int64(self.members), self.sync,
+                    np.int64(self.patience_s * CYCLES_PER_SECOND))
+
+    def meet(self, number: int) -> bool:
+        return barrier(self.sync, self.members, number, np.int64(self.patience_s * CYCLES_PER_SECOND))
 
 
 class Transformer:
@@ -163,10 +197,14 @@ class Transformer:
         if self.embedding_scale != 1.0:                 # gemma3: ggml_scale by sqrtf(hidden)
             ops.scale_in_place(out, self.embedding_scale)
 
-    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True) -> np.ndarray:
+    def forward(self, batch: ForwardBatch, kv_arena: np.ndarray, parallel: bool = True,
+                team: Optional[TeamRole] = None) -> np.ndarray:
         """Run the tokens, write their KV into kv_arena (layers, 2, blocks, block_size, kv_heads,
         head_dim) u16 (KVArena.data), return logits (len(logits_rows), vocab) — a view of an internal buffer.
-        parallel=False: every kernel on the calling thread (side threads run forwards side by side)."""
+        parallel=False: every kernel on the calling thread (side threads run forwards side by side).
+        team: this thread is one member of a team running this one forward together (kernels on
+        their calling threads): every member calls forward with the same batch and the lead's
+        (member 0's) Transformer as team.lead; all return the lead's logits, complete."""
         c = self.config
         num_tokens = batch.token_ids.shape[0]
         if num_tokens > self.max_batch_tokens:
@@ -182,20 +220,28 @@ class Transformer:
         self.calls[1][:num_tokens] = call_length
         prompt_order = self.prompt_order[:num_tokens]          # llama.cpp's multi-token attention order
         np.greater_equal(call_length, 2, out=prompt_order, casting="unsafe")
-        acts = Activations(*[b[:num_tokens] for b in self.buffers[:-1]], empty=self.buffers.empty)
-        self.embed(batch.token_ids, acts.hidden)
-        decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
-                       BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
-                                   batch.token_context, prompt_order, batch.logits_rows), self.consts, kv_arena,
-                       parallel)
+        team = team or TeamRole.alone(self)
+        for scratch in (*self.inputs, self.head_input):
+            set_team(scratch, team.member, team.members)
+        shared = team.lead
+        acts = Activations(*[b[:num_tokens] for b in shared.buffers[:-1]], empty=shared.buffers.empty)
+        if team.member == 0:
+            self.embed(batch.token_ids, acts.hidden)
+        passed = decoder_layers(self.layer_list, self.matmuls[parallel], self.kernel_of, acts, self.inputs,
+                                BatchArrays(batch.positions, batch.slot_mapping, batch.block_tables, batch.token_seq,
+                                            batch.token_context, prompt_order, batch.logits_rows),
+                                self.consts, kv_arena, parallel, team.kernel_team())
         rows = batch.logits_rows.shape[0]
         final = self.final_normed[:rows]
         # fewer rows than tokens: the last layer finished only those, into hidden[:rows] (kernels/layers.py)
         selected = acts.hidden[:rows] if rows < num_tokens else acts.hidden[batch.logits_rows]
-        ops.rms_norm(selected, self.weights.output_norm, c.rms_norm_eps, final)
-        logits = self.logits[:rows]
+        ops.rms_norm(selected, self.weights.output_norm, c.rms_norm_eps, final)     # each member, the same
+        logits = shared.logits[:rows]
         self.weights.output.apply(final, self.head_input, logits, parallel, rows_alone=True)
-        if c.final_logit_softcapping:
+        if passed < 0 or not team.meet(passed + 1):          # every member's share of the head is in
+            raise TeamAborted(f"a forward's team of {team.members} was given up: a member did not reach its "
+                              f"barrier within {team.patience_s:g} s")
+        if c.final_logit_softcapping and team.member == 0:
             cap = np.float32(c.final_logit_softcapping)
             np.multiply(np.tanh(logits * (np.float32(1.0) / cap)), cap, out=logits)
         return logits

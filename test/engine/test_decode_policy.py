@@ -1,14 +1,14 @@
 """DecodePolicy: measure the candidate modes, run the fastest by median, re-measure the others ever more rarely."""
 from edge_slm_node.engine.decode_policy import DecodePolicy, DecodeThreading
 
-SPLIT, ONE, POOL = DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD, DecodeThreading.POOL
+SPLIT, ONE, POOL, TEAM = DecodeThreading.SPLIT, DecodeThreading.ONE_THREAD, DecodeThreading.POOL, DecodeThreading.TEAM
 
 
-def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True, can_pool=False):
+def run(policy, sequences, seconds, steps, outlier_at=None, can_split=True, can_pool=False, can_team=False):
     """seconds: mode -> step time; -> the modes chosen."""
     choices = []
     for step in range(steps):
-        mode = policy.choose(sequences, can_split, can_pool)
+        mode = policy.choose(sequences, can_split, can_pool, can_team)
         policy.record(sequences, mode, seconds[mode] * (10 if step == outlier_at else 1))
         choices.append(mode)
     return choices
@@ -24,6 +24,16 @@ def test_candidates():
     assert DecodePolicy.modes(4, can_split=False) == (ONE,)                          # num_threads 1
     assert DecodePolicy.modes(1, can_split=True, can_pool=True) == (POOL, ONE)
     assert DecodePolicy.modes(3, can_split=True, can_pool=True) == (SPLIT, POOL, ONE)
+    assert DecodePolicy.modes(1, can_split=True, can_pool=True, can_team=True) == (TEAM, POOL, ONE)
+    assert DecodePolicy.modes(3, can_split=True, can_pool=True, can_team=True) == (SPLIT, TEAM, POOL, ONE)
+
+
+def test_one_sequence_picks_a_team_where_it_is_faster_and_leaves_it_when_a_core_gets_busy():
+    policy = DecodePolicy(trials=3, explore_every=8)
+    choices = run(policy, 1, {TEAM: 0.034, POOL: 0.055, ONE: 0.061}, 100, can_pool=True, can_team=True)
+    assert choices[0] is TEAM and choices[-40:].count(TEAM) >= 34
+    later = run(policy, 1, {TEAM: 0.120, POOL: 0.080, ONE: 0.065}, 80, can_pool=True, can_team=True)
+    assert later[-20:].count(ONE) >= 17
 
 
 def test_one_sequence_picks_the_pool_where_it_is_faster_and_keeps_checking():
@@ -81,6 +91,9 @@ def test_forced_way_and_single_candidates_skip_the_measuring():
     policy.forced = POOL
     assert policy.choose(1, can_split=True, can_pool=True) is POOL
     assert policy.choose(1, can_split=False, can_pool=False) is ONE      # one thread: no pool
+    policy.forced = TEAM
+    assert policy.choose(1, can_split=True, can_team=True) is TEAM
+    assert policy.choose(1, can_split=False, can_team=False) is ONE      # no side thread: no team
     policy.forced = None
     assert policy.choose(3, can_split=True) is SPLIT
     assert run(policy, 2, {ONE: 0.01}, 3, can_split=False) == [ONE] * 3

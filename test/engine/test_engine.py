@@ -144,7 +144,7 @@ def test_concurrent_sessions_batched_equal_alone(make_engine, threads):
 
 
 def test_every_decode_way_gives_the_same_answers(make_engine):
-    """split, one thread and the thread pool, each forced for a whole run."""
+    """split, a team, one thread and the thread pool, each forced for a whole run."""
     engine = make_engine()
     prompts = {"a": "What is G01?", "b": "Why does spindle 2 alarm?", "c": "Shut off valve three."}
     answers = {}
@@ -157,8 +157,9 @@ def test_every_decode_way_gives_the_same_answers(make_engine):
         run_to_completion(engine, requests)
         alone = answer(engine, sids[0], "And G02?")[1]           # one session decoding
         answers[mode] = [r.generated_ids for r in requests] + [alone.generated_ids]
-    assert answers[DecodeThreading.SPLIT] == answers[DecodeThreading.ONE_THREAD] == answers[DecodeThreading.POOL]
-    assert engine.runner.split_steps > 0
+    assert answers[DecodeThreading.SPLIT] == answers[DecodeThreading.ONE_THREAD] == answers[DecodeThreading.POOL] \
+        == answers[DecodeThreading.TEAM]
+    assert engine.runner.split_steps > 0 and engine.runner.team_steps > 0
     assert_pool_consistent(engine)
 
 

@@ -1,5 +1,8 @@
 """Our forward pass on small random GGUF files (llama, qwen2, qwen3 and gemma3 layouts, several quant types)
 against a float64 NumPy reference that reads the same file."""
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -7,17 +10,20 @@ from edge_slm_node.kv.arena import KVArena
 from edge_slm_node.kernels import quants as q
 from edge_slm_node.model.gguf_file import GGUFError
 from edge_slm_node.model.loader import load_model
-from edge_slm_node.model.transformer import ForwardBatch, Transformer
+from edge_slm_node.kernels.team import new_sync
+from edge_slm_node.model.transformer import ForwardBatch, TeamAborted, TeamRole, Transformer
 from tiny_models import GEMMA3_WINDOW, reference_logits, write_tiny_model
 
 BLOCK = 4
 
 
-def run_paged(model, token_ids, chunks, parallel=True):
-    """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token."""
+def run_paged(model, token_ids, chunks, parallel=True, members=1):
+    """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token.
+    members > 1: each forward run by a team of that many threads (model/transformer.py TeamRole)."""
     config = model.config
     arena = KVArena(config.num_layers, config.num_kv_heads, config.head_dim, num_blocks=32, block_size=BLOCK)
-    transformer = Transformer(config, model.weights, max_batch_tokens=64, max_context=128, max_logits_rows=64)
+    transformers = [Transformer(config, model.weights, max_batch_tokens=64, max_context=128, max_logits_rows=64)
+                    for _ in range(members)]
     table = np.random.default_rng(0).permutation(32).astype(np.int32)[None, :]
     logits, start = [], 0
     for size in chunks:
@@ -25,9 +31,26 @@ def run_paged(model, token_ids, chunks, parallel=True):
         pos = np.arange(start, start + size, dtype=np.int32)
         slots = (table[0, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
         batch = ForwardBatch(ids, pos, np.zeros(size, np.int32), pos + 1, slots, table, np.arange(size, dtype=np.int32))
-        logits.append(transformer.forward(batch, arena.data, parallel=parallel).copy())
+        if members == 1:
+            logits.append(transformers[0].forward(batch, arena.data, parallel=parallel).copy())
+        else:
+            logits.append(team_forward(transformers, batch, arena.data).copy())
         start += size
     return np.concatenate(logits)
+
+
+def team_forward(transformers, batch, kv_arena):
+    """One forward by a team: transformers[0] leads on this thread, the others on threads of their own."""
+    sync, members = new_sync(), len(transformers)
+    lead = transformers[0]
+    others = [threading.Thread(target=t.forward, args=(batch, kv_arena, False, TeamRole(m, members, lead, sync)))
+              for m, t in enumerate(transformers[1:], start=1)]
+    for thread in others:
+        thread.start()
+    logits = lead.forward(batch, kv_arena, parallel=False, team=TeamRole(0, members, lead, sync))
+    for thread in others:
+        thread.join()
+    return logits
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
@@ -65,6 +88,36 @@ def test_single_threaded_forward_equals_the_thread_pool_one(tmp_path, arch, weig
     chunks = [6, 1, 4, 1, 1]
     np.testing.assert_array_equal(run_paged(model, tokens, chunks, parallel=False),
                                   run_paged(model, tokens, chunks, parallel=True))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("weight_quant", [q.Q4_1, q.Q4_0, q.Q8_0, q.F16, q.F32])
+def test_a_team_of_threads_gives_the_single_threaded_forward(tmp_path, arch, weight_quant):
+    """Two and three threads running each forward together (rows of every matmul split, the
+    rest on the lead, barriers between): bit-equal to one thread, prompt chunks and one-token steps."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", arch, weight_quant, tied=arch == "llama")
+    model = load_model(str(path))
+    tokens = list(np.random.default_rng(3).integers(0, model.config.vocab_size, 13))
+    chunks = [6, 1, 4, 1, 1]
+    alone = run_paged(model, tokens, chunks, parallel=False)
+    np.testing.assert_array_equal(run_paged(model, tokens, chunks, members=2), alone)
+    np.testing.assert_array_equal(run_paged(model, tokens, chunks, members=3), alone)
+
+
+def test_a_team_whose_member_never_comes_is_given_up(tmp_path):
+    """A forward's team member that never starts: the lead stops waiting after its patience and
+    raises TeamAborted, instead of hanging the engine thread."""
+    model = load_model(str(write_tiny_model(tmp_path / "tiny.gguf")))
+    config = model.config
+    arena = KVArena(config.num_layers, config.num_kv_heads, config.head_dim, num_blocks=8, block_size=BLOCK)
+    lead = Transformer(config, model.weights, max_batch_tokens=8, max_context=32, max_logits_rows=8)
+    table = np.arange(8, dtype=np.int32)[None, :]
+    pos = np.arange(3, dtype=np.int32)
+    batch = ForwardBatch(np.array([1, 2, 3], np.int32), pos, np.zeros(3, np.int32), pos + 1, pos, table, pos)
+    started = time.monotonic()
+    with pytest.raises(TeamAborted, match="team of 2 was given up"):
+        lead.forward(batch, arena.data, parallel=False, team=TeamRole(0, 2, lead, new_sync(), patience_s=0.2))
+    assert time.monotonic() - started < 5.0
 
 
 @pytest.mark.parametrize("weight_quant,tolerance", [(q.F32, 0.01), (q.Q8_0, 0.03)])

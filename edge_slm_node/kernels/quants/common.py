@@ -35,7 +35,10 @@ PARALLEL_MIN_MACS = 4_000_000
 # / isums T x K/16 (per-block figures; K-quant activations keep one per 16 values). A slot no
 # weight type reading this input uses is empty.
 # call_index / call_length: one value per row (token), whatever the width.
-Scratch = namedtuple("Scratch", ["q8", "q16", "xf", "scales", "sums", "isums", "call_index", "call_length"])
+# team (2,) int64: (member, members): matmul_serial computes that member's share of the row groups
+# (and the last member the tail rows), for a forward run by a team of threads (kernels/team.py);
+# (0, 1), the default, is every row.
+Scratch = namedtuple("Scratch", ["q8", "q16", "xf", "scales", "sums", "isums", "call_index", "call_length", "team"])
 SLOT_DTYPES = {"q8": np.int8, "q16": np.int16, "xf": np.float32, "scales": np.float32, "sums": np.float32,
                "isums": np.int32, "call_index": np.int32, "call_length": np.int32}
 CALL_SLOTS = ("call_index", "call_length")
@@ -46,7 +49,8 @@ _F32_2D = types.Array(types.float32, 2, "C")
 SCRATCH_TYPE = types.NamedTuple([types.Array(types.int8, 1, "C"), types.Array(types.int16, 1, "C"),
                                  types.Array(types.float32, 1, "C"), types.Array(types.float32, 1, "C"),
                                  types.Array(types.float32, 1, "C"), types.Array(types.int32, 1, "C"),
-                                 types.Array(types.int32, 1, "C"), types.Array(types.int32, 1, "C")], Scratch)
+                                 types.Array(types.int32, 1, "C"), types.Array(types.int32, 1, "C"),
+                                 types.Array(types.int64, 1, "C")], Scratch)
 MATMUL_SIGNATURE = types.void(_U8_2D, _U8_2D, types.Array(types.int64, 1, "C"), _F32_2D, SCRATCH_TYPE,
                               types.UniTuple(_F32_2D, 3))
 
@@ -70,7 +74,14 @@ def new_scratch(max_tokens: int, length: int, slots, allocate=None, calls=None) 
                       for name in CALL_SLOTS)
     if min(len(array) for array in calls) < max_tokens:
         raise ValueError(f"call shape arrays hold {min(len(a) for a in calls)} rows, scratch is for {max_tokens}")
-    return Scratch(*[buffer(name) for name in Scratch._fields[:-2]], *calls)
+    return Scratch(*[buffer(name) for name in Scratch._fields[:-3]], *calls, team=np.array([0, 1], np.int64))
+
+
+def set_team(scratch: Scratch, member: int, members: int) -> None:
+    """The next matmul_serial calls with this scratch compute member's share of the rows (of members)."""
+    if not 0 <= member < members:
+        raise ValueError(f"team member {member} of {members}")
+    scratch.team[0], scratch.team[1] = member, members
 
 
 def set_one_call(scratch: Scratch, num_tokens: int) -> None:
@@ -109,10 +120,19 @@ def locate(part_ends, group):
 def run_serial(prepare, groups, tail_rows, packed, tail, part_ends, x, scratch, outs):
     """prepare(x, scratch) -> activations; groups(first, last, packed, acts, outs, part_ends);
     tail_rows(tail, acts, outs, part_ends) (rows after the last group, in the last part): the
-    matmul on the calling thread."""
+    matmul on the calling thread, or its team member's share of it (scratch.team)."""
     acts = prepare(x, scratch)
-    groups(0, packed.shape[0], packed, acts, outs, part_ends)
-    tail_rows(tail, acts, outs, part_ends)
+    first, last = team_share(scratch, packed.shape[0])
+    groups(first, last, packed, acts, outs, part_ends)
+    if last == packed.shape[0]:
+        tail_rows(tail, acts, outs, part_ends)
+
+
+@njit(cache=True, inline="always")
+def team_share(scratch, count):
+    """-> (first, last): scratch.team's member's contiguous share of range(count); the last member's ends at count."""
+    member, members = scratch.team[0], scratch.team[1]
+    return member * count // members, (member + 1) * count // members
 
 
 @njit(cache=True, inline="always")

@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..half import half_to_float, round_to_half
-from .common import MATMUL_SIGNATURE, PARALLEL_MIN_MACS, rows_of
+from .common import MATMUL_SIGNATURE, PARALLEL_MIN_MACS, rows_of, team_share
 
 FUSABLE = False          # writes outs[0] only: q|k|v and gate|up run as separate calls
 SCRATCH_SLOTS = ("xf",)
@@ -42,7 +42,8 @@ def _row(halves, xh, out, r):
 def matmul_serial(packed, tail, part_ends, x, scratch, outs):
     """W F16 (rows, K*2 B) @ x (T, K) -> outs[0] (T, rows), on this thread."""
     halves, xh = packed.view(np.uint16), _halved(x, scratch)
-    for r in range(halves.shape[0]):
+    first, last = team_share(scratch, halves.shape[0])
+    for r in range(first, last):
         _row(halves, xh, outs[0], r)
 
 

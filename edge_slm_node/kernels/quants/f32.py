@@ -3,7 +3,7 @@ Test models and small norm-like matrices use it; no activation quantization."""
 import numpy as np
 from numba import njit, prange
 
-from .common import MATMUL_SIGNATURE, PARALLEL_MIN_MACS
+from .common import MATMUL_SIGNATURE, PARALLEL_MIN_MACS, team_share
 
 FUSABLE = False          # writes outs[0] only: q|k|v and gate|up run as separate calls
 SCRATCH_SLOTS = ()
@@ -32,7 +32,8 @@ def _row(floats, x, out, r):
 def matmul_serial(packed, tail, part_ends, x, scratch, outs):
     """W F32 (rows, K*4 B) @ x (T, K) -> outs[0] (T, rows), on this thread."""
     floats = packed.view(np.float32)
-    for r in range(floats.shape[0]):
+    first, last = team_share(scratch, floats.shape[0])
+    for r in range(first, last):
         _row(floats, x, outs[0], r)
 
 
