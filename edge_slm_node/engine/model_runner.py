@@ -2,8 +2,11 @@
 
 A step with prompt chunks runs one forward with the big kernels on numba's thread pool. A
 decode-only step runs as DecodePolicy chooses: on the engine thread alone, with the big
-matmuls on the thread pool, or split into up to num_threads parts, one per thread, each a
-whole forward on its sequences (one hand-off per step instead of a pool wake-up per matmul).
+matmuls on the thread pool, split into up to num_threads parts, one per thread, each a
+whole forward on its sequences (one hand-off per step instead of a pool wake-up per matmul),
+or as one forward by a team of the engine thread and the side threads, which split every
+matmul's rows and meet at spin barriers in between (one hand-off per step, both cores on
+every matmul: what a single decoding session needs).
 Every mode gives the same logits: each token carries the shape of the llama.cpp call that
 would compute it alone (engine/llama_calls.py), the kernels whose order depends on a call's
 size (attention; the K-quant matmuls: Q4_K's 4-token gemm tiles, Q5_K / Q6_K's tiled order) read

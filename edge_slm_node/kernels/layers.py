@@ -2,8 +2,9 @@
 
 Prompt steps and decode steps run this same code; they differ in the matmul kernels they
 pass (each weight type's matmul_parallel or matmul_serial, as function objects with the
-common signature of kernels/quants/common.py) and in `threads` (paged attention on numba's
-thread pool when big enough, else on the calling thread). Arguments come grouped, as
+common signature of kernels/quants/common.py), in `threads` (paged attention on numba's
+thread pool when big enough, else on the calling thread) and in `team` (Team: the threads
+running this one forward together; a team of one runs everything). Arguments come grouped, as
 namedtuples built once by model/transformer.py:
 
   layers   typed List (layer_list), per layer LayerArrays: norms (n,), biases (rows,) or empty, the packed bytes,
