@@ -1,9 +1,10 @@
 """Decode step time with 1-4 sessions for each mode of running a decode step, interleaved in one process.
 
-    .venv/bin/python bench/bench_split_decode.py [--rounds 6] [--tokens 48] [--busy]
+    .venv/bin/python bench/bench_split_decode.py [--rounds 6] [--tokens 48] [--busy] [--model NAME|PATH]
 
 Modes (engine/decode_policy.py): "split" runs 2+ sessions as num_threads parts side by side, each
-part's layers in one kernel call; "one thread" runs them all on the engine thread, layers in one
+part's layers in one kernel call; "team" runs one forward on num_threads threads that split each
+matmul's rows and meet at barriers; "one thread" runs them all on the engine thread, layers in one
 call; "thread pool" does too, with each big matmul on numba's thread pool. The engine normally picks per step from measured times (the "adaptive" row); here each mode
 is also forced in turn (split with 1 session falls back to one thread). --busy keeps one other
 process spinning on a core meanwhile.
@@ -37,12 +38,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--busy", action="store_true", help="one other process spinning on a core")
+    parser.add_argument("--model", default="", help="a GGUF path or a known model name (default: SmolLM2)")
     args = parser.parse_args()
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
-    engine = Engine(EngineConfig(kv_pool_mb=64, max_context_tokens=1024, num_threads=2, system_prompt=None))
+    engine = Engine(EngineConfig(model_path=args.model, kv_pool_mb=64, max_context_tokens=1024, num_threads=2,
+                                 system_prompt=None))
     for i in range(max(SESSIONS)):
         engine.create_session(f"s{i}")
-    variants = {"split": DecodeThreading.SPLIT, "one thread": DecodeThreading.ONE_THREAD,
+    variants = {"split": DecodeThreading.SPLIT, "team": DecodeThreading.TEAM, "one thread": DecodeThreading.ONE_THREAD,
                 "thread pool": DecodeThreading.POOL, "adaptive": None}
     policy = engine.runner.decode_policy
     results = {(v, n): [] for v in variants for n in SESSIONS}
