@@ -305,14 +305,17 @@ def _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, t
 
 @njit(cache=True, nogil=True)
 def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_context, prompt_order, scale, out, work,
-                           avx512=False, window=0):
-    """paged_attention on the calling thread only (uses work[0])."""
+                           avx512=False, window=0, member=0, members=1):
+    """paged_attention on the calling thread only (uses work[0]); with members > 1, only member's
+    contiguous share of the work items (each a chunk of tokens x one KV head: a team of threads
+    running one forward, each with its own work)."""
     firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
-    if num_items == 0:
+    first, last = member * num_items // members, (member + 1) * num_items // members
+    if first == last:
         return
-    _prefetch_item(0, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context, window)
-    for i in range(num_items):
+    _prefetch_item(first, num_items, firsts, counts, k_cache, v_cache, block_tables, token_seq, token_context, window)
+    for i in range(first, last):
         _run_item(i, num_items, firsts, counts, q, k_cache, v_cache, block_tables, token_seq, token_context,
                   prompt_order, scale, out, work[0], avx512, window)
 

@@ -169,8 +169,9 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
         _parts(layer, matmuls, kernel_of, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
         passed = _meet(team, passed)
         if lead:
-            _attention(layer, index, acts, heads_q, heads_k, heads_v, heads_out, num_tokens, batch, c, kv_arena,
-                       attention_on_pool)
+            _before_attention(layer, index, acts, heads_q, heads_k, heads_v, num_tokens, batch, c, kv_arena)
+        passed = _meet(team, passed)
+        _attention(index, heads_q, heads_out, batch, c, kv_arena, attention_on_pool, layer.window, team)
         passed = _meet(team, passed)
         _matmul(layer, matmuls, kernel_of, index, O, acts.attn, attn_input, (acts.proj, empty, empty))
         passed = _meet(team, passed)
@@ -210,10 +211,9 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
 
 
 @njit(cache=True, inline="always")
-def _attention(layer, index, acts, heads_q, heads_k, heads_v, heads_out, num_tokens, batch, c, kv_arena,
-               attention_on_pool):
-    """q, k, v of one layer -> its attention output in acts.attn: biases, per-head norms, RoPE,
-    the K and V written into the cache, paged attention."""
+def _before_attention(layer, index, acts, heads_q, heads_k, heads_v, num_tokens, batch, c, kv_arena):
+    """q, k, v of one layer made ready for attention: biases, per-head norms, RoPE, the K and V
+    written into the cache."""
     if layer.q_bias.shape[0] > 0:
         add_bias(acts.q, layer.q_bias)
         add_bias(acts.k, layer.k_bias)
@@ -227,13 +227,18 @@ def _attention(layer, index, acts, heads_q, heads_k, heads_v, heads_out, num_tok
     apply_rope(heads_k, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
     if c.query_scale != 1.0:
         scale_in_place(acts.q, c.query_scale)
+    write_kv(heads_k, heads_v, batch.slot_mapping, kv_arena[index, 0], kv_arena[index, 1], c.kv_row, c.kv_bits)
+
+
+@njit(cache=True, inline="always")
+def _attention(index, heads_q, heads_out, batch, c, kv_arena, on_pool, window, team):
+    """Paged attention of one layer into heads_out: on numba's pool, or this team member's share."""
     k_cache, v_cache = kv_arena[index, 0], kv_arena[index, 1]
-    write_kv(heads_k, heads_v, batch.slot_mapping, k_cache, v_cache, c.kv_row, c.kv_bits)
-    if attention_on_pool:
+    if on_pool:
         paged_attention_parallel(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                  batch.token_context, batch.prompt_order, c.attention_scale, heads_out,
-                                 c.attention_work, c.avx512, layer.window)
+                                 c.attention_work, c.avx512, window)
     else:
         paged_attention_serial(heads_q, k_cache, v_cache, batch.block_tables, batch.token_seq,
                                batch.token_context, batch.prompt_order, c.attention_scale, heads_out, c.attention_work,
-                               c.avx512, layer.window)
+                               c.avx512, window, team.member, team.members)
