@@ -41,6 +41,13 @@ class ToolExecutor(Node):
         self.create_subscription(ToolCall, "tool_calls", self.on_call, reliable)
         self.results = self.create_client(SubmitToolResult, "submit_tool_result", qos_profile=reliable)
         self.chained: dict = {}              # session -> calls made by continued answers since its last command
+        self.ready_timer = self.create_timer(0.2, self.announce_ready)
+
+    def announce_ready(self) -> None:
+        """Say once that edge_slm_node's tool_calls publisher and submit_tool_result service are seen."""
+        if self.count_publishers("tool_calls") and self.results.service_is_ready():
+            self.get_logger().info("ready: edge_slm_node's tool_calls and submit_tool_result are up")
+            self.ready_timer.cancel()
 
     def on_call(self, call: ToolCall) -> None:
         arguments = json.loads(call.arguments_json)

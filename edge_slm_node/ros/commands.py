@@ -152,8 +152,11 @@ class CommandStreams:
             self.tool_call_publisher.publish(ToolCall(session_id=request.session_id, request_id=request_id,
                                                       call_id=call.call_id, name=call.name,
                                                       arguments_json=call.arguments_json))
-            self.logger.info(f"request {request_id} of {request.session_id!r} called {call.name} "
-                             f"({call.call_id}): {call.arguments_json[:200]}")
+            readers = self.tool_call_publisher.get_subscription_count()
+            log = self.logger.info if readers else self.logger.warning
+            log(f"request {request_id} of {request.session_id!r} called {call.name} ({call.call_id}): "
+                f"{call.arguments_json[:200]}; " + (f"{readers} tool_calls subscriber(s)" if readers else
+                                                    "nobody subscribes to tool_calls, so no executor will run it"))
 
     def publish_error(self, command: Command, error: str) -> None:
         self.logger.warning(f"command {command.request_id} for session {command.session_id[:64]!r} "

@@ -127,5 +127,6 @@ class SessionServices:
         response.success = True
         response.message = (f"result of {request.call_id!r} queued; the answer streams on tokens as request_id "
                             f"{request.request_id}")
+        self.logger.info(f"session {request.session_id!r}: {response.message}")
         self.node.status_changed()
         return response

@@ -95,6 +95,7 @@ class RosClient:
         from diagnostic_msgs.msg import DiagnosticArray
 
         self.node_process = node_process
+        self.other_logs = {}          # name -> a callable giving another process's output, for failure messages
         self.context = rclpy.Context()
         rclpy.init(context=self.context, domain_id=int(node_process.env.get("ROS_DOMAIN_ID", "0")))   # ROS default: 0
         self.node = rclpy.create_node("edge_slm_test_client", namespace=namespace or None, context=self.context)
@@ -129,11 +130,15 @@ class RosClient:
         while not predicate():
             if self.node_process.process.poll() is not None:
                 raise AssertionError(f"node exited ({self.node_process.process.returncode}) while waiting for "
-                                     f"{what}:\n{self.node_process.log()[-4000:]}")
+                                     f"{what}:\n{self.logs()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; node log:\n"
-                                     f"{self.node_process.log()[-4000:]}")
+                raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; node log:\n{self.logs()}")
             self.executor.spin_once(timeout_sec=0.05)
+
+    def logs(self) -> str:
+        """The node's log tail, then the other processes' output tails."""
+        return "\n".join([self.node_process.log()[-4000:]] + [f"{name} output:\n{log()[-2000:]}"
+                                                               for name, log in self.other_logs.items()])
 
     def wait_ready(self):
         self.spin_until(lambda: any(p.total_blocks > 0 for p in self.pools), READY_TIMEOUT_S, "a pool_status")

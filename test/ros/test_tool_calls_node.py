@@ -33,22 +33,25 @@ def cell(tmp_path_factory, ros_env_module):
         client.tool_calls = []
         client.node.create_subscription(ToolCall, "tool_calls", client.tool_calls.append, reliable)
         client.results = client.node.create_client(SubmitToolResult, "submit_tool_result", qos_profile=reliable)
-        executor = subprocess.Popen([sys.executable, str(REPO / "examples" / "tool_executor.py"), "--yes"],
-                                    env=ros_env_module, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
+        executor_log = directory / "executor.log"
+        with open(executor_log, "w") as sink:
+            executor = subprocess.Popen([sys.executable, str(REPO / "examples" / "tool_executor.py"), "--yes"],
+                                        env=ros_env_module, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT)
+        client.other_logs["tool executor"] = executor_log.read_text
         try:
-            client.spin_until(lambda: client.node.count_subscribers("tool_calls") >= 2
+            client.spin_until(lambda: "ready:" in executor_log.read_text()
+                              and client.node.count_subscribers("tool_calls") >= 2
                               and client.results.service_is_ready(),
-                              REPLY_TIMEOUT_S, "the executor's tool_calls subscription and the service")
+                              REPLY_TIMEOUT_S, "the executor's ready line, its tool_calls subscription and the service")
             yield client
         finally:
             executor.send_signal(signal.SIGINT)
             try:
-                output, _ = executor.communicate(timeout=10)
+                executor.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 executor.kill()
-                output, _ = executor.communicate(timeout=5)
-            print("executor output:\n" + output)
+                executor.wait(timeout=5)
+            print("executor output:\n" + executor_log.read_text())
 
 
 def submit_result(client, **fields):
