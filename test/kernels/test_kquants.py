@@ -336,12 +336,12 @@ def test_thread_pool_split_is_bit_equal(quant):
 @pytest.mark.parametrize("quant", [Q4_K, Q5_K, Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 def test_each_token_is_summed_in_the_order_of_its_own_call(quant, parallel):
-    """Tokens of three llama.cpp calls (9 prompt tokens, 1 decoded, 5 prompt tokens), shuffled
-    into one kernel call with their call shapes: each row equals that token's row when its own
-    call runs alone."""
+    """Tokens of eight llama.cpp calls (9 prompt tokens, 1 decoded, 5 prompt tokens, 5 more
+    decoded: 8 tokens in the gemv's order, so two 4-token tiles of them), shuffled into one kernel
+    call with their call shapes: each row equals that token's row when its own call runs alone."""
     raw = _random_rows(quant, 13, 768, seed=5)
     linear = Linear("w", raw, quant, 768)
-    calls = [_x(9, 768, seed=1), _x(1, 768, seed=2), _x(5, 768, seed=3)]
+    calls = [_x(9, 768, seed=1), _x(1, 768, seed=2), _x(5, 768, seed=3)] + [_x(1, 768, seed=6 + k) for k in range(5)]
     alone = [_apply(linear, x, parallel) for x in calls]
     tokens = [(c, i) for c, x in enumerate(calls) for i in range(len(x))]
     order = np.random.default_rng(0).permutation(len(tokens))

@@ -18,7 +18,8 @@ run 4 at a time (a token's result does not depend on its tile partners; a short 
 repeats one). Tail rows (in GGUF layout) follow the same rule (llama.cpp
 itself would not repack a matrix with rows % 8 != 0: its vec_dot order then, not emulated).
 The sub-block dots are vpdpbusd where the CPU has VNNI (high nibbles as q & 0xF0, i.e. 16x,
-undone after the scale multiply: exact); a gemm tile of 4 tokens unpacks each chunk once.
+undone after the scale multiply: exact); a gemm tile of 4 tokens unpacks each chunk once, and so
+do 4 tokens in the gemv's order (a decode step of 4+ sessions), each still summed as if alone.
 """
 import numpy as np
 from numba import njit
@@ -86,11 +87,20 @@ def _pair_sums(w, base, x, bsums, b, j):
     low, high16 = _sub_pair(w, base + _CHUNKS + 256 * j, x, b * 256 + 64 * j)
     scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
     scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
+    return _scaled(low, high16, scale0, scale1), _min_sum(min0, min1, bsums, b * 16 + 4 * j)
+
+
+@njit(cache=True, inline="always")
+def _scaled(low, high16, scale0, scale1):
+    """S of a pair of sub-blocks from their dots (the high one's 16x): exact I32x8."""
     # scale * (16 * dot) is a multiple of 16: the shift is exact
-    s = add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
-    at = b * 16 + 4 * j
-    m = add(mul_i32(min0, splat_i32(pair_sum(bsums, at))), mul_i32(min1, splat_i32(pair_sum(bsums, at + 2))))
-    return s, m
+    return add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
+
+
+@njit(cache=True, inline="always")
+def _min_sum(min0, min1, sums, at):
+    """M of a pair of sub-blocks: their mins times the token's 32-value sums at pair `at`, I32x8."""
+    return add(mul_i32(min0, splat_i32(pair_sum(sums, at))), mul_i32(min1, splat_i32(pair_sum(sums, at + 2))))
 
 
 @njit(cache=True)
@@ -129,9 +139,8 @@ def _tile_pair(w, at, x0, x1, x2, x3, x_at):
 @njit(cache=True, inline="always")
 def _tile_token(low, high16, scale0, scale1, min0, min1, sums, at, dd, dmin, acc, acc_min):
     """One token's S, M of a pair of sub-blocks into its gemm-order accumulators."""
-    s = add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
-    m = add(mul_i32(min0, splat_i32(pair_sum(sums, at))), mul_i32(min1, splat_i32(pair_sum(sums, at + 2))))
-    return fma(to_f32(s), dd, acc), fma(to_f32(m), dmin, acc_min)
+    return fma(to_f32(_scaled(low, high16, scale0, scale1)), dd, acc), \
+        fma(to_f32(_min_sum(min0, min1, sums, at)), dmin, acc_min)
 
 
 @njit(cache=True)
@@ -162,6 +171,39 @@ def _group_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
 
 
 @njit(cache=True)
+def _group_one_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
+    """_group_one for 4 tokens (distinct): the gemv's order for each, as if each ran alone,
+    with every chunk loaded and its low nibbles taken once for all four (decode steps of 4+ sessions)."""
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = zeros_f32x8()
+    x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
+    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 18)
+        s0 = s1 = s2 = s3 = n0 = n1 = n2 = n3 = zeros_i32x8()
+        for j in range(4):
+            scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
+            scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
+            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(w, base + _CHUNKS + 256 * j, x0, x1, x2, x3, b * 256 + 64 * j)
+            at = b * 16 + 4 * j
+            s0, n0 = add(s0, _scaled(l0, h0, scale0, scale1)), add(n0, _min_sum(min0, min1, u0, at))
+            s1, n1 = add(s1, _scaled(l1, h1, scale0, scale1)), add(n1, _min_sum(min0, min1, u1, at))
+            s2, n2 = add(s2, _scaled(l2, h2, scale0, scale1)), add(n2, _min_sum(min0, min1, u2, at))
+            s3, n3 = add(s3, _scaled(l3, h3, scale0, scale1)), add(n3, _min_sum(min0, min1, u3, at))
+        d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
+        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t1, b])
+        e2, e3 = splat_f32(xd[t2, b]), splat_f32(xd[t3, b])
+        a0, m0 = fma(to_f32(s0), mul(d, e0), a0), fma(to_f32(n0), mul(dmin, e0), m0)
+        a1, m1 = fma(to_f32(s1), mul(d, e1), a1), fma(to_f32(n1), mul(dmin, e1), m1)
+        a2, m2 = fma(to_f32(s2), mul(d, e2), a2), fma(to_f32(n2), mul(dmin, e2), m2)
+        a3, m3 = fma(to_f32(s3), mul(d, e3), a3), fma(to_f32(n3), mul(dmin, e3), m3)
+    store_f32x8(out[t0], col, sub(a0, m0))
+    store_f32x8(out[t1], col, sub(a1, m1))
+    store_f32x8(out[t2], col, sub(a2, m2))
+    store_f32x8(out[t3], col, sub(a3, m3))
+
+
+@njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums, call_index, call_length = acts
@@ -170,9 +212,20 @@ def _groups(first, last, packed, acts, outs, part_ends):
         part, col = locate(part_ends, i)
         out = outs[part]
         p0 = p1 = p2 = pending = 0                  # gemm tokens waiting for a full tile
+        g0 = g1 = g2 = gemv_pending = 0             # gemv tokens waiting for 3 more
         for t in range(num_tokens):
             if not in_gemm_tile(call_index, call_length, t):
-                _group_one(packed[i], xq, xd, bsums, out, t, col)
+                if gemv_pending == 3:
+                    _group_one_tile(packed[i], xq, xd, bsums, out, g0, g1, g2, t, col)
+                    gemv_pending = 0
+                else:
+                    if gemv_pending == 0:
+                        g0 = t
+                    elif gemv_pending == 1:
+                        g1 = t
+                    else:
+                        g2 = t
+                    gemv_pending += 1
             elif pending == 3:
                 _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
                 pending = 0
@@ -190,6 +243,8 @@ def _groups(first, last, packed, acts, outs, part_ends):
             _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p1, p1, col)
         elif pending == 3:
             _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, p2, col)
+        for k in range(gemv_pending):               # fewer than 4 left: alone
+            _group_one(packed[i], xq, xd, bsums, out, g0 if k == 0 else (g1 if k == 1 else g2), col)
 
 
 @njit(cache=True)
