@@ -180,6 +180,26 @@ def _offset(w, base, sums, b, m):
                           mul_i32(load_i8x8_as_i32(w, at + 8), splat_i32(sums[b * 16 + m + 1]))), 5)
 
 
+@njit(cache=True, inline="always")
+def _half_scales(w, base, half):
+    """The scales e0..e7 of _lane for the lanes 4*half..4*half+3: sc[half], sc[2+half], ..., sc[14+half]."""
+    return (_scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), _scales(w, base, 6 + half),
+            _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half),
+            _scales(w, base, 14 + half))
+
+
+@njit(cache=True, inline="always")
+def _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e):
+    """_lane for 4 tokens (activations x0..x3, 16-value sums u0..u3), the 6-bit values unpacked once;
+    e: _half_scales of the lane's half -> 4 x I32x8."""
+    at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
+    p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e[0], e[1], e[2], e[3])
+    q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e[4], e[5], e[6], e[7])
+    m = 2 * lane
+    return (sub_int(add(p0, q0), _offset(w, base, u0, b, m)), sub_int(add(p1, q1), _offset(w, base, u1, b, m)),
+            sub_int(add(p2, q2), _offset(w, base, u2, b, m)), sub_int(add(p3, q3), _offset(w, base, u3, b, m)))
+
+
 @njit(cache=True)
 def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
     """8 rows (packed Q6_K group w) x tokens t0, t1, t2, t3 of calls with >= 8 tokens ->
@@ -191,18 +211,10 @@ def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
         base = b * GROUP_BLOCK_BYTES
         s0 = s1 = s2 = s3 = zeros_i32x8()
         for half in range(2):
-            e0, e1, e2, e3 = _scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), \
-                _scales(w, base, 6 + half)
-            e4, e5, e6, e7 = _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half), \
-                _scales(w, base, 14 + half)
+            e = _half_scales(w, base, half)
             for lane in range(4 * half, 4 * half + 4):
-                at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
-                p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e0, e1, e2, e3)
-                q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e4, e5, e6, e7)
-                s0 = add(s0, sub_int(add(p0, q0), _offset(w, base, u0, b, 2 * lane)))
-                s1 = add(s1, sub_int(add(p1, q1), _offset(w, base, u1, b, 2 * lane)))
-                s2 = add(s2, sub_int(add(p2, q2), _offset(w, base, u2, b, 2 * lane)))
-                s3 = add(s3, sub_int(add(p3, q3), _offset(w, base, u3, b, 2 * lane)))
+                c0, c1, c2, c3 = _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
+                s0, s1, s2, s3 = add(s0, c0), add(s1, c1), add(s2, c2), add(s3, c3)
         d = load_halves_as_f32(w, base)
         a0 = fma(mul(to_f32(s0), d), splat_f32(xd[t0, b]), a0)
         a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t1, b]), a1)
@@ -243,18 +255,13 @@ def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
         d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
         d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
         for half in range(2):
-            e0, e1, e2, e3 = _scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), \
-                _scales(w, base, 6 + half)
-            e4, e5, e6, e7 = _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half), \
-                _scales(w, base, 14 + half)
+            e = _half_scales(w, base, half)
             for lane in range(4 * half, 4 * half + 4):
-                at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
-                p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e0, e1, e2, e3)
-                q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e4, e5, e6, e7)
-                _into_lane(lanes, 8 * lane, d0, sub_int(add(p0, q0), _offset(w, base, u0, b, 2 * lane)))
-                _into_lane(lanes, 64 + 8 * lane, d1, sub_int(add(p1, q1), _offset(w, base, u1, b, 2 * lane)))
-                _into_lane(lanes, 128 + 8 * lane, d2, sub_int(add(p2, q2), _offset(w, base, u2, b, 2 * lane)))
-                _into_lane(lanes, 192 + 8 * lane, d3, sub_int(add(p3, q3), _offset(w, base, u3, b, 2 * lane)))
+                c0, c1, c2, c3 = _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
+                _into_lane(lanes, 8 * lane, d0, c0)
+                _into_lane(lanes, 64 + 8 * lane, d1, c1)
+                _into_lane(lanes, 128 + 8 * lane, d2, c2)
+                _into_lane(lanes, 192 + 8 * lane, d3, c3)
     store_f32x8(out[t0], col, _lanes_total(lanes, 0))
     store_f32x8(out[t1], col, _lanes_total(lanes, 64))
     store_f32x8(out[t2], col, _lanes_total(lanes, 128))
