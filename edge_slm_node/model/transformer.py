@@ -183,8 +183,8 @@ class Transformer:
                        *layer.tails, *layer.part_ends, layer.q_norm, layer.k_norm, layer.post_attn_norm,
                        layer.post_ffn_norm]
         c = self.consts
-        arrays += [*self.buffers, self.embedding_staging, self.logits, self.final_normed, c.attention_work, c.kv_row, c.kv_bits, c.gelu_table,
-                   *self.calls, self.prompt_order]
+        arrays += [*self.buffers, self.embedding_staging, self.logits, self.final_normed, c.attention_work, c.kv_row,
+                   c.kv_bits, c.gelu_table, *self.calls, self.prompt_order]
         arrays += [table for pair in self.rope_tables.values() for table in pair]
         for scratch in (*self.inputs, self.head_input):
             arrays += list(scratch)
