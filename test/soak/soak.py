@@ -55,6 +55,9 @@ class SoakClient:
         c = soak.client
         if self.future is not None:
             if self.future.done():
+                result = self.future.result()
+                if not result.success and "overloaded" in result.message:   # a hostile flood spent the rate limit
+                    soak.refused[self.call[0]] = soak.refused.get(self.call[0], 0) + 1
                 self.future, self.call = None, None
             return
         if self.pending is not None:
@@ -115,10 +118,15 @@ class Soak:
         self.hostile_process = None
         self.hostile_runs: list[dict] = []
         self._hostile_ids = 100_000_000
+        self.refused: dict[str, int] = {}   # honest calls answered "overloaded", by service
 
     def next_id(self) -> int:
         self._counter += 1
         return self._counter
+
+    def key_of(self, session_id: str) -> str:
+        """The owner key of an honest operator's session ("op3-10042"), "" for anyone else's."""
+        return next((o.key for o in self.operators if session_id.startswith(o.name + "-")), "")
 
     def call_async(self, name, **fields):
         return self.client.services[name].call_async(self.client.types[name].Request(**fields))
@@ -139,8 +147,9 @@ class Soak:
             if operator.session is not None:
                 c.call("destroy_session", session_id=operator.session, owner_key=operator.key)
                 operator.session = None
-        for session in c.latest_pool().sessions:             # what the hostile clients left behind
-            c.call("destroy_session", session_id=session.session_id)
+        # what the hostile clients left behind, and honest sessions whose destroy was refused as overloaded
+        for session in c.latest_pool().sessions:
+            c.call("destroy_session", session_id=session.session_id, owner_key=self.key_of(session.session_id))
         pool = c.wait_pool(lambda p: not p.sessions and p.queue_length == 0, "an empty pool after the drain", 60)
         self.drains.append({"t": time.monotonic(), "used_blocks": pool.used_blocks, "rss": pool.rss_bytes})
         assert pool.used_blocks == baseline_used, f"leak: {pool.used_blocks} used blocks, baseline {baseline_used}"
@@ -181,7 +190,8 @@ class Soak:
         hostile_sent = [r for run in self.hostile_runs for r in run["sent"]]
         ttfts.sort()
         return {"seconds": time.monotonic() - started, "requests": len(self.sent), "missing_final": missing,
-                "duplicate_final": duplicated, "stalls": self.stalls, "finish_reasons": reasons, "errors": errors, "drains": len(self.drains),
+                "duplicate_final": duplicated, "stalls": self.stalls, "honest_refused_overloaded": self.refused,
+                "finish_reasons": reasons, "errors": errors, "drains": len(self.drains),
                 "honest_ttft_ms": {"median": statistics.median(ttfts) if ttfts else 0.0,
                                    "p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else 0.0,
                                    "max": ttfts[-1] if ttfts else 0.0},
