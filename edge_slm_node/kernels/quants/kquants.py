@@ -44,6 +44,22 @@ def in_tiled_call(call_length, t, min_tokens):
     return call_length[t] >= min_tokens
 
 
+@njit(cache=True, inline="always")
+def hold(count, t0, t1, t2, t):
+    """Token t joins up to 2 tokens held for a 4-token tile -> (count + 1, t0, t1, t2)."""
+    if count == 0:
+        return 1, t, t1, t2
+    if count == 1:
+        return 2, t0, t, t2
+    return 3, t0, t1, t
+
+
+@njit(cache=True, inline="always")
+def held(k, t0, t1, t2):
+    """The k-th (0..2) held token."""
+    return t0 if k == 0 else (t1 if k == 1 else t2)
+
+
 # --------------------------------------------- Q4_K / Q5_K scales and mins: 12 bytes, 8 x 2 x 6 bits
 
 def scales_and_mins(scales: np.ndarray) -> tuple:

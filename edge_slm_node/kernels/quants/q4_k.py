@@ -30,7 +30,7 @@ from ..simd_int import (broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, load_i8
                         shift_right_signed)
 from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import (SCRATCH_SLOTS, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
+from .kquants import (SCRATCH_SLOTS, held, hold, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
 
@@ -219,32 +219,17 @@ def _groups(first, last, packed, acts, outs, part_ends):
                     _group_one_tile(packed[i], xq, xd, bsums, out, g0, g1, g2, t, col)
                     gemv_pending = 0
                 else:
-                    if gemv_pending == 0:
-                        g0 = t
-                    elif gemv_pending == 1:
-                        g1 = t
-                    else:
-                        g2 = t
-                    gemv_pending += 1
+                    gemv_pending, g0, g1, g2 = hold(gemv_pending, g0, g1, g2, t)
             elif pending == 3:
                 _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
                 pending = 0
             else:
-                if pending == 0:
-                    p0 = t
-                elif pending == 1:
-                    p1 = t
-                else:
-                    p2 = t
-                pending += 1
-        if pending == 1:
-            _group_tile(packed[i], xq, xd, bsums, out, p0, p0, p0, p0, col)
-        elif pending == 2:
-            _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p1, p1, col)
-        elif pending == 3:
-            _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, p2, col)
+                pending, p0, p1, p2 = hold(pending, p0, p1, p2, t)
+        if pending > 0:                             # a short last tile repeats its last token
+            _group_tile(packed[i], xq, xd, bsums, out, p0, held(min(1, pending - 1), p0, p1, p2),
+                        held(pending - 1, p0, p1, p2), held(pending - 1, p0, p1, p2), col)
         for k in range(gemv_pending):               # fewer than 4 left: alone
-            _group_one(packed[i], xq, xd, bsums, out, g0 if k == 0 else (g1 if k == 1 else g2), col)
+            _group_one(packed[i], xq, xd, bsums, out, held(k, g0, g1, g2), col)
 
 
 @njit(cache=True)

@@ -21,13 +21,14 @@ by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/qu
 import numpy as np
 from numba import njit
 
-from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
-                    zeros_i32x8)
+from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
+                    zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
-from .kquants import SCRATCH_SLOTS, in_tiled_call, prepare_q8_k, put_chunk, put_halves, put_transposed, repack_k  # noqa: F401
+from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
+                      put_transposed, repack_k)
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -179,6 +180,26 @@ def _offset(w, base, sums, b, m):
                           mul_i32(load_i8x8_as_i32(w, at + 8), splat_i32(sums[b * 16 + m + 1]))), 5)
 
 
+@njit(cache=True, inline="always")
+def _half_scales(w, base, half):
+    """The scales e0..e7 of _lane for the lanes 4*half..4*half+3: sc[half], sc[2+half], ..., sc[14+half]."""
+    return (_scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), _scales(w, base, 6 + half),
+            _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half),
+            _scales(w, base, 14 + half))
+
+
+@njit(cache=True, inline="always")
+def _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e):
+    """_lane for 4 tokens (activations x0..x3, 16-value sums u0..u3), the 6-bit values unpacked once;
+    e: _half_scales of the lane's half -> 4 x I32x8."""
+    at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
+    p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e[0], e[1], e[2], e[3])
+    q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e[4], e[5], e[6], e[7])
+    m = 2 * lane
+    return (sub_int(add(p0, q0), _offset(w, base, u0, b, m)), sub_int(add(p1, q1), _offset(w, base, u1, b, m)),
+            sub_int(add(p2, q2), _offset(w, base, u2, b, m)), sub_int(add(p3, q3), _offset(w, base, u3, b, m)))
+
+
 @njit(cache=True)
 def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
     """8 rows (packed Q6_K group w) x tokens t0, t1, t2, t3 of calls with >= 8 tokens ->
@@ -190,18 +211,10 @@ def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
         base = b * GROUP_BLOCK_BYTES
         s0 = s1 = s2 = s3 = zeros_i32x8()
         for half in range(2):
-            e0, e1, e2, e3 = _scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), \
-                _scales(w, base, 6 + half)
-            e4, e5, e6, e7 = _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half), \
-                _scales(w, base, 14 + half)
+            e = _half_scales(w, base, half)
             for lane in range(4 * half, 4 * half + 4):
-                at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
-                p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e0, e1, e2, e3)
-                q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e4, e5, e6, e7)
-                s0 = add(s0, sub_int(add(p0, q0), _offset(w, base, u0, b, 2 * lane)))
-                s1 = add(s1, sub_int(add(p1, q1), _offset(w, base, u1, b, 2 * lane)))
-                s2 = add(s2, sub_int(add(p2, q2), _offset(w, base, u2, b, 2 * lane)))
-                s3 = add(s3, sub_int(add(p3, q3), _offset(w, base, u3, b, 2 * lane)))
+                c0, c1, c2, c3 = _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
+                s0, s1, s2, s3 = add(s0, c0), add(s1, c1), add(s2, c2), add(s3, c3)
         d = load_halves_as_f32(w, base)
         a0 = fma(mul(to_f32(s0), d), splat_f32(xd[t0, b]), a0)
         a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t1, b]), a1)
@@ -213,35 +226,75 @@ def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
     store_f32x8(out[t3], col, a3)
 
 
+@njit(cache=True, inline="always")
+def _into_lane(lanes, at, dd, s):
+    """lanes[at:at+8] = fma(dd, float(s), lanes[at:at+8]): one token's lane accumulator in memory."""
+    store_f32x8(lanes, at, fma(dd, to_f32(s), load_f32x8(lanes, at)))
+
+
+@njit(cache=True, inline="always")
+def _lanes_total(lanes, at):
+    """vector_lane_sum of the 8 lane accumulators at lanes[at..at+63]."""
+    return vector_lane_sum(load_f32x8(lanes, at), load_f32x8(lanes, at + 8), load_f32x8(lanes, at + 16),
+                           load_f32x8(lanes, at + 24), load_f32x8(lanes, at + 32), load_f32x8(lanes, at + 40),
+                           load_f32x8(lanes, at + 48), load_f32x8(lanes, at + 56))
+
+
+@njit(cache=True)
+def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
+    """_group_one for 4 tokens (distinct), each in its own lane order as if alone, the 6-bit values
+    unpacked once for all four (decode steps of 4+ sessions); lanes: 256 float32 of scratch (the
+    32 lane accumulators do not fit in registers)."""
+    lanes[:] = 0.0
+    x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
+    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 27)
+        d = load_halves_as_f32(w, base)
+        d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
+        d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
+        for half in range(2):
+            e = _half_scales(w, base, half)
+            for lane in range(4 * half, 4 * half + 4):
+                c0, c1, c2, c3 = _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
+                _into_lane(lanes, 8 * lane, d0, c0)
+                _into_lane(lanes, 64 + 8 * lane, d1, c1)
+                _into_lane(lanes, 128 + 8 * lane, d2, c2)
+                _into_lane(lanes, 192 + 8 * lane, d3, c3)
+    store_f32x8(out[t0], col, _lanes_total(lanes, 0))
+    store_f32x8(out[t1], col, _lanes_total(lanes, 64))
+    store_f32x8(out[t2], col, _lanes_total(lanes, 128))
+    store_f32x8(out[t3], col, _lanes_total(lanes, 192))
+
+
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, bsums, _, call_length = acts
     num_tokens = xd.shape[0]
+    lanes = np.empty(256, np.float32)
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         p0 = p1 = p2 = pending = 0                  # tiled tokens waiting for a group of 4
+        g0 = g1 = g2 = one_pending = 0              # vec_dot tokens waiting for 3 more
         for t in range(num_tokens):
             if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
-                _group_one(packed[i], xq, xd, bsums, out, t, col)
+                if one_pending == 3:
+                    _group_one4(packed[i], xq, xd, bsums, out, g0, g1, g2, t, col, lanes)
+                    one_pending = 0
+                else:
+                    one_pending, g0, g1, g2 = hold(one_pending, g0, g1, g2, t)
             elif pending == 3:
                 _group_tiled4(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
                 pending = 0
             else:
-                if pending == 0:
-                    p0 = t
-                elif pending == 1:
-                    p1 = t
-                else:
-                    p2 = t
-                pending += 1
-        if pending >= 1:
-            _group_tiled(packed[i], xq, xd, bsums, out, p0, col)
-        if pending >= 2:
-            _group_tiled(packed[i], xq, xd, bsums, out, p1, col)
-        if pending == 3:
-            _group_tiled(packed[i], xq, xd, bsums, out, p2, col)
+                pending, p0, p1, p2 = hold(pending, p0, p1, p2, t)
+        for k in range(pending):                    # fewer than 4 left: alone
+            _group_tiled(packed[i], xq, xd, bsums, out, held(k, p0, p1, p2), col)
+        for k in range(one_pending):
+            _group_one(packed[i], xq, xd, bsums, out, held(k, g0, g1, g2), col)
 
 
 @njit(cache=True)
