@@ -127,22 +127,27 @@ def add(typingctx, a, b):
     return a(a, b), codegen
 
 
+def _is_f32_vector(v) -> bool:
+    return isinstance(v, Vector) and v.kind == "f32"
+
+
 @intrinsic
 def mul(typingctx, a, b):
-    """Lane-wise a * b (float32, IEEE, rounded: never fused with an add)."""
-    if a != F32x8 or b != F32x8:
+    """Lane-wise a * b of two float32 vectors of one width (IEEE, rounded: never fused with an add)."""
+    if not (_is_f32_vector(a) and a == b):
         return None
 
     def codegen(context, builder, sig, args):
         return builder.fmul(args[0], args[1])
-    return F32x8(a, b), codegen
+    return a(a, b), codegen
 
 
 @intrinsic
 def fma(typingctx, a, b, c):
-    """a * b + c rounded once: lane-wise for F32x8 (llvm.fma.v8f32), or float32 scalars (llvm.fma.f32)."""
-    if a == F32x8 and b == F32x8 and c == F32x8:
-        result, llvm_type, name = F32x8, _vec("f32", 8), "llvm.fma.v8f32"
+    """a * b + c rounded once: lane-wise for float32 vectors of one width (llvm.fma.v8f32, ...), or
+    float32 scalars (llvm.fma.f32)."""
+    if _is_f32_vector(a) and a == b == c:
+        result, llvm_type, name = a, _vec("f32", a.count), f"llvm.fma.v{a.count}f32"
     elif all(isinstance(x, types.Float) and x.bitwidth == 32 for x in (a, b, c)):
         result, llvm_type, name = types.float32, ir.FloatType(), "llvm.fma.f32"
     else:
@@ -156,13 +161,44 @@ def fma(typingctx, a, b, c):
 
 @intrinsic
 def to_f32(typingctx, v):
-    """I32x8 -> F32x8 (exact below 2^24)."""
-    if v != I32x8:
+    """I32x8 -> F32x8, I32x16 -> F32x16 (exact below 2^24)."""
+    if not (isinstance(v, Vector) and v.kind == "i32"):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.sitofp(args[0], _vec("f32", 8))
-    return F32x8(v), codegen
+        return builder.sitofp(args[0], _vec("f32", sig.args[0].count))
+    return Vector("f32", v.count)(v), codegen
+
+
+@intrinsic
+def concat(typingctx, a, b):
+    """Two vectors of one type side by side -> one of twice the lanes (a's lanes first)."""
+    if not (isinstance(a, Vector) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[1], ir.Constant(ir.VectorType(_I32, 2 * a.count),
+                                                                    list(range(2 * a.count))))
+    return Vector(a.kind, 2 * a.count)(a, b), codegen
+
+
+def _half(first: bool):
+    @intrinsic
+    def fn(typingctx, v):
+        if not (isinstance(v, Vector) and v.count % 2 == 0):
+            return None
+        half = v.count // 2
+
+        def codegen(context, builder, sig, args):
+            lanes = list(range(half)) if first else list(range(half, 2 * half))
+            return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_I32, half), lanes))
+        return Vector(v.kind, half)(v), codegen
+    fn.__doc__ = f"The {'first' if first else 'second'} half of a vector's lanes (the inverse of concat)."
+    return fn
+
+
+low_half = _half(True)
+high_half = _half(False)
 
 
 @intrinsic

@@ -39,41 +39,44 @@ def broadcast_i8x4(typingctx, arr, index):
 
 @intrinsic
 def low_nibbles(typingctx, v):
-    """byte & 15 for each of the 32 bytes."""
-    if v != I8x32:
+    """byte & 15 for each byte of an I8x32 or I8x64."""
+    if not (isinstance(v, Vector) and v.kind == "i8"):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.and_(args[0], _const("i8", 32, 15))
-    return I8x32(v), codegen
+        return builder.and_(args[0], _const("i8", sig.args[0].count, 15))
+    return v(v), codegen
 
 
 @intrinsic
 def high_nibbles(typingctx, v):
-    """byte >> 4 (unsigned) for each of the 32 bytes."""
-    if v != I8x32:
+    """byte >> 4 (unsigned) for each byte of an I8x32 or I8x64."""
+    if not (isinstance(v, Vector) and v.kind == "i8"):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.lshr(args[0], _const("i8", 32, 4))
-    return I8x32(v), codegen
+        return builder.lshr(args[0], _const("i8", sig.args[0].count, 4))
+    return v(v), codegen
 
 
 @intrinsic
 def dot_pairs_u8_i8(typingctx, unsigned, signed):
-    """u (unsigned bytes) * s (signed bytes), adjacent products summed -> I16x16.
-
-    Exact while |u0*s0 + u1*s1| <= 32767 (pmaddubsw saturates beyond)."""
-    if unsigned != I8x32 or signed != I8x32:
+    """u (unsigned bytes) * s (signed bytes), adjacent products summed: I8x32 -> I16x16, I8x64 ->
+    I16x32. Exact while |u0*s0 + u1*s1| <= 32767 (pmaddubsw saturates beyond)."""
+    if not (isinstance(unsigned, Vector) and unsigned.kind == "i8" and unsigned.count in (32, 64)
+            and unsigned == signed):
         return None
+    pairs = unsigned.count // 2
 
     def codegen(context, builder, sig, args):
-        if _has_features(context, "avx2"):
+        if pairs == 16 and _has_features(context, "avx2"):
             return _x86_call(builder, "llvm.x86.avx2.pmadd.ub.sw", _vec("i16", 16), args)
-        wide = _vec("i16", 32)
+        if pairs == 32 and _has_features(context, "avx512bw"):
+            return _x86_call(builder, "llvm.x86.avx512.pmaddubs.w.512", _vec("i16", 32), args)
+        wide = _vec("i16", 2 * pairs)
         products = builder.mul(builder.zext(args[0], wide), builder.sext(args[1], wide))
-        return _pair_sums(builder, products, 16)
-    return I16x16(unsigned, signed), codegen
+        return _pair_sums(builder, products, pairs)
+    return Vector("i16", pairs)(unsigned, signed), codegen
 
 
 @intrinsic
@@ -91,17 +94,40 @@ def add_pairs_i16(typingctx, v):
 
 @intrinsic
 def dot_pairs_i16(typingctx, a, b):
-    """I16x16 * I16x16, adjacent products summed -> I32x8 (exact)."""
-    if a != I16x16 or b != I16x16:
+    """I16x16 * I16x16 (or I16x32 * I16x32), adjacent products summed -> I32x8 (I32x16), exact."""
+    if not (isinstance(a, Vector) and a.kind == "i16" and a.count in (16, 32) and a == b):
+        return None
+    lanes = a.count // 2
+
+    def codegen(context, builder, sig, args):
+        if lanes == 8 and _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), args)
+        if lanes == 16 and _has_features(context, "avx512bw"):
+            return _x86_call(builder, "llvm.x86.avx512.pmaddw.d.512", _vec("i32", 16), args)
+        wide = _vec("i32", 2 * lanes)
+        products = builder.mul(builder.sext(args[0], wide), builder.sext(args[1], wide))
+        return _pair_sums(builder, products, lanes)
+    return Vector("i32", lanes)(a, b), codegen
+
+
+@intrinsic
+def dot_halves_i16(typingctx, a, b):
+    """I32xN lanes each holding two int16 (low half, high half): per lane a.low * b.low + a.high *
+    b.high -> I32xN, N = 8 or 16 (pmaddwd; exact unless both pairs are -32768)."""
+    if not (isinstance(a, Vector) and a.kind == "i32" and a.count in (8, 16) and a == b):
         return None
 
     def codegen(context, builder, sig, args):
-        if _has_features(context, "avx2"):
-            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), args)
-        wide = _vec("i32", 16)
-        products = builder.mul(builder.sext(args[0], wide), builder.sext(args[1], wide))
-        return _pair_sums(builder, products, 8)
-    return I32x8(a, b), codegen
+        lanes = sig.args[0].count
+        halves = [builder.bitcast(arg, _vec("i16", 2 * lanes)) for arg in args]
+        if lanes == 8 and _has_features(context, "avx2"):
+            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), halves)
+        if lanes == 16 and _has_features(context, "avx512bw"):
+            return _x86_call(builder, "llvm.x86.avx512.pmaddw.d.512", _vec("i32", 16), halves)
+        wide = _vec("i32", 2 * lanes)
+        products = builder.mul(builder.sext(halves[0], wide), builder.sext(halves[1], wide))
+        return _pair_sums(builder, products, lanes)
+    return a(a, b), codegen
 
 
 @intrinsic
@@ -201,16 +227,17 @@ load_i8x8_as_i32 = _load_8_bytes(True, "arr[index:index+8] signed bytes -> I32x8
 
 @intrinsic
 def i16_pairs(typingctx, v):
-    """I32x8 (values within int16) -> I16x16 with lane i's value in elements 2i and 2i+1: the
-    per-row multiplier of dot_pairs_i16 for 8 rows' pair sums."""
-    if v != I32x8:
+    """I32x8 (I32x16), values within int16 -> I16x16 (I16x32) with lane i's value in elements 2i
+    and 2i+1: the per-row multiplier of dot_pairs_i16 for 8 (16) rows' pair sums."""
+    if not (isinstance(v, Vector) and v.kind == "i32" and v.count in (8, 16)):
         return None
+    lanes = v.count
 
     def codegen(context, builder, sig, args):
-        narrow = builder.trunc(args[0], _vec("i16", 8))
-        mask = ir.Constant(ir.VectorType(_I32, 16), [i // 2 for i in range(16)])
+        narrow = builder.trunc(args[0], _vec("i16", lanes))
+        mask = ir.Constant(ir.VectorType(_I32, 2 * lanes), [i // 2 for i in range(2 * lanes)])
         return builder.shuffle_vector(narrow, narrow, mask)
-    return I16x16(v), codegen
+    return Vector("i16", 2 * lanes)(v), codegen
 
 
 @intrinsic
@@ -235,42 +262,67 @@ shift_right_signed = _by_scalar("ashr", "v >> n (arithmetic: the sign shifted in
 def _dot4_fallback(builder, acc, unsigned, signed):
     """acc + the 4-byte sums of unsigned * signed through pmaddubsw / pmaddwd semantics (exact
     while a pair of products stays within int16)."""
-    wide = _vec("i16", 32)
-    products = builder.mul(builder.zext(unsigned, wide), builder.sext(signed, wide))
-    pairs = _pair_sums(builder, products, 16)
-    return builder.add(acc, _pair_sums(builder, builder.sext(pairs, _vec("i32", 16)), 8))
+    lanes = acc.type.count
+    products = builder.mul(builder.zext(unsigned, _vec("i16", 4 * lanes)), builder.sext(signed, _vec("i16", 4 * lanes)))
+    pairs = _pair_sums(builder, products, 2 * lanes)
+    return builder.add(acc, _pair_sums(builder, builder.sext(pairs, _vec("i32", 2 * lanes)), lanes))
+
+
+def _has_vnni(context, lanes: int) -> bool:
+    """vpdpbusd of this width is available: 8 lanes with AVX-VNNI or AVX512-VNNI, 16 with AVX512-VNNI."""
+    if lanes == 16:
+        return _has_features(context, "avx512vnni", "avx512bw")
+    return _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl")
 
 
 def _vnni(context, builder, acc, unsigned, signed):
-    i32x8 = _vec("i32", 8)
-    return _x86_call(builder, "llvm.x86.avx512.vpdpbusd.256", i32x8,
-                     [acc, builder.bitcast(unsigned, i32x8), builder.bitcast(signed, i32x8)])
+    i32xn = acc.type
+    return _x86_call(builder, f"llvm.x86.avx512.vpdpbusd.{32 * i32xn.count}", i32xn,
+                     [acc, builder.bitcast(unsigned, i32xn), builder.bitcast(signed, i32xn)])
+
+
+def _is_dot4(acc, unsigned, signed) -> bool:
+    """(I32xN, I8x4N, I8x4N) for N = 8 or 16."""
+    return (isinstance(acc, Vector) and acc.kind == "i32" and acc.count in (8, 16)
+            and unsigned == signed == Vector("i8", 4 * acc.count))
 
 
 @intrinsic
 def dot4_acc(typingctx, acc, unsigned, signed):
-    """acc (I32x8) + per lane the sum of 4 products of unsigned bytes (<= 127) and signed bytes:
-    vpdpbusd where the CPU has AVX-VNNI / AVX512-VNNI, else pmaddubsw + pmaddwd (exact)."""
-    if acc != I32x8 or unsigned != I8x32 or signed != I8x32:
+    """acc (I32x8 or I32x16) + per lane the sum of 4 products of unsigned bytes (<= 127) and signed
+    bytes: vpdpbusd where the CPU has it at this width, else pmaddubsw + pmaddwd (exact)."""
+    if not _is_dot4(acc, unsigned, signed):
         return None
 
     def codegen(context, builder, sig, args):
-        if _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl"):
+        if _has_vnni(context, sig.args[0].count):
             return _vnni(context, builder, *args)
         return _dot4_fallback(builder, *args)
-    return I32x8(acc, unsigned, signed), codegen
+    return acc(acc, unsigned, signed), codegen
 
 
 @intrinsic
 def dot4_high_nibbles_acc(typingctx, acc, q, signed):
-    """acc (I32x8) + 16 * per lane the sum of 4 products of the high nibbles of q and signed bytes:
-    vpdpbusd on q & 0xF0 with VNNI (no shift needed), else (q >> 4) through pmaddubsw, times 16."""
-    if acc != I32x8 or q != I8x32 or signed != I8x32:
+    """acc (I32x8 or I32x16) + 16 * per lane the sum of 4 products of the high nibbles of q and
+    signed bytes: vpdpbusd on q & 0xF0 with VNNI (no shift needed), else (q >> 4) through
+    pmaddubsw, times 16."""
+    if not _is_dot4(acc, q, signed):
         return None
 
     def codegen(context, builder, sig, args):
-        if _has_features(context, "avxvnni") or _has_features(context, "avx512vnni", "avx512vl"):
-            return _vnni(context, builder, args[0], builder.and_(args[1], _const("i8", 32, 0xF0)), args[2])
-        sums = _dot4_fallback(builder, _const("i32", 8, 0), builder.lshr(args[1], _const("i8", 32, 4)), args[2])
-        return builder.add(args[0], builder.shl(sums, _const("i32", 8, 4)))
-    return I32x8(acc, q, signed), codegen
+        lanes = sig.args[0].count
+        if _has_vnni(context, lanes):
+            return _vnni(context, builder, args[0], builder.and_(args[1], _const("i8", 4 * lanes, 0xF0)), args[2])
+        sums = _dot4_fallback(builder, _const("i32", lanes, 0), builder.lshr(args[1], _const("i8", 4 * lanes, 4)),
+                              args[2])
+        return builder.add(args[0], builder.shl(sums, _const("i32", lanes, 4)))
+    return acc(acc, q, signed), codegen
+
+
+@intrinsic
+def wide_dot4_available(typingctx):
+    """True when this compilation has 16-lane vpdpbusd (AVX512-VNNI): the K-quant prompt kernels
+    then run two row groups at once."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(ir.IntType(1), int(_has_vnni(context, 16)))
+    return types.boolean(), codegen

@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,15 +146,17 @@ class TensorRowReader:
     no page fault, whatever ids come."""
 
     def __init__(self, path: str, start: int, row_bytes: int, num_rows: int):
-        self._file = open(path, "rb", buffering=0)     # closed with this object
-        self.start, self.row_bytes, self.num_rows = start, row_bytes, num_rows
+        # the file as opened now, like the mapping (a model file replaced on disk is not read);
+        # the descriptor is closed when this object is collected
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, self._fd)
+        self.path, self.start, self.row_bytes, self.num_rows = path, start, row_bytes, num_rows
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> None:
         """out[k] = row rows[k] for every k; out: (len(rows), row_bytes) uint8, C-contiguous."""
-        fd = self._file.fileno()
         for k, row in enumerate(rows.tolist()):
             if not 0 <= row < self.num_rows:
                 raise IndexError(f"row {row} of a tensor with {self.num_rows} rows")
-            got = os.preadv(fd, [out[k]], self.start + row * self.row_bytes)
+            got = os.preadv(self._fd, [out[k]], self.start + row * self.row_bytes)
             if got != self.row_bytes:
-                raise OSError(f"{self._file.name}: short read of row {row}: {got} of {self.row_bytes} bytes")
+                raise OSError(f"{self.path}: short read of row {row}: {got} of {self.row_bytes} bytes")

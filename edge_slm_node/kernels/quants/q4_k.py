@@ -26,13 +26,14 @@ from numba import njit
 
 from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
                     zeros_i32x8)
-from ..simd_int import (broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, load_i8x32, low_nibbles, mul_i32,
-                        shift_right_signed)
+from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, dot_halves_i16, load_i8x32,
+                        low_nibbles, mul_i32, shift_left, shift_right_signed, wide_dot4_available)
 from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
+from .row_pairs import like_rows, rows_chunk, rows_halves, rows_scale_min, store_difference
 
 FUSABLE = True           # several matrices concatenated, one output per part
 TYPE_SIZE = 144
@@ -87,20 +88,28 @@ def _pair_sums(w, base, x, bsums, b, j):
     low, high16 = _sub_pair(w, base + _CHUNKS + 256 * j, x, b * 256 + 64 * j)
     scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
     scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
-    return _scaled(low, high16, scale0, scale1), _min_sum(min0, min1, bsums, b * 16 + 4 * j)
+    return _scaled(low, high16, scale0, scale1), _min_sum(w, _min_pairs(min0, min1), bsums, b * 16 + 4 * j)
 
 
 @njit(cache=True, inline="always")
 def _scaled(low, high16, scale0, scale1):
-    """S of a pair of sub-blocks from their dots (the high one's 16x): exact I32x8."""
+    """S of a pair of sub-blocks from their dots (the high one's 16x): exact I32x8 (I32x16)."""
     # scale * (16 * dot) is a multiple of 16: the shift is exact
     return add(mul_i32(low, scale0), shift_right_signed(mul_i32(high16, scale1), 4))
 
 
 @njit(cache=True, inline="always")
-def _min_sum(min0, min1, sums, at):
-    """M of a pair of sub-blocks: their mins times the token's 32-value sums at pair `at`, I32x8."""
-    return add(mul_i32(min0, splat_i32(pair_sum(sums, at))), mul_i32(min1, splat_i32(pair_sum(sums, at + 2))))
+def _min_pairs(min0, min1):
+    """The mins of sub-blocks 2j and 2j+1 (0..63) as the two int16 halves of each lane, for _min_sum."""
+    return bits_or(min0, shift_left(min1, 16))
+
+
+@njit(cache=True, inline="always")
+def _min_sum(rows, min_pairs, sums, at):
+    """M of a pair of sub-blocks: their mins (_min_pairs) times the token's 32-value sums at pair
+    `at` (each within int16: |sum| <= 32 * 128), one pmaddwd; I32x8 (I32x16 for a pair of groups)."""
+    sum_pairs = (np.int32(pair_sum(sums, at)) & 0xFFFF) | (np.int32(pair_sum(sums, at + 2)) << 16)
+    return dot_halves_i16(min_pairs, like_rows(splat_i32(sum_pairs), rows))
 
 
 @njit(cache=True)
@@ -122,52 +131,58 @@ def _group_one(w, xq, xd, bsums, out, t, col):
 
 
 @njit(cache=True, inline="always")
-def _tile_pair(w, at, x0, x1, x2, x3, x_at):
-    """_sub_pair for 4 tokens: each chunk loaded and its low nibbles taken once for all four."""
-    l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = zeros_i32x8()
+def _tile_pair(rows, at, x0, x1, x2, x3, x_at):
+    """_sub_pair of a group or a pair of groups (row_pairs) for 4 tokens: each chunk loaded and its
+    low nibbles taken once for all four."""
+    l0 = l1 = l2 = l3 = h0 = h1 = h2 = h3 = like_rows(zeros_i32x8(), rows)
     for c in range(8):
-        q = load_i8x32(w, at + 32 * c)
+        q = rows_chunk(rows, at + 32 * c)
         low = low_nibbles(q)
         lo_at, hi_at = x_at + 4 * c, x_at + 32 + 4 * c
-        l0, h0 = dot4_acc(l0, low, broadcast_i8x4(x0, lo_at)), dot4_high_nibbles_acc(h0, q, broadcast_i8x4(x0, hi_at))
-        l1, h1 = dot4_acc(l1, low, broadcast_i8x4(x1, lo_at)), dot4_high_nibbles_acc(h1, q, broadcast_i8x4(x1, hi_at))
-        l2, h2 = dot4_acc(l2, low, broadcast_i8x4(x2, lo_at)), dot4_high_nibbles_acc(h2, q, broadcast_i8x4(x2, hi_at))
-        l3, h3 = dot4_acc(l3, low, broadcast_i8x4(x3, lo_at)), dot4_high_nibbles_acc(h3, q, broadcast_i8x4(x3, hi_at))
+        l0 = dot4_acc(l0, low, like_rows(broadcast_i8x4(x0, lo_at), rows))
+        h0 = dot4_high_nibbles_acc(h0, q, like_rows(broadcast_i8x4(x0, hi_at), rows))
+        l1 = dot4_acc(l1, low, like_rows(broadcast_i8x4(x1, lo_at), rows))
+        h1 = dot4_high_nibbles_acc(h1, q, like_rows(broadcast_i8x4(x1, hi_at), rows))
+        l2 = dot4_acc(l2, low, like_rows(broadcast_i8x4(x2, lo_at), rows))
+        h2 = dot4_high_nibbles_acc(h2, q, like_rows(broadcast_i8x4(x2, hi_at), rows))
+        l3 = dot4_acc(l3, low, like_rows(broadcast_i8x4(x3, lo_at), rows))
+        h3 = dot4_high_nibbles_acc(h3, q, like_rows(broadcast_i8x4(x3, hi_at), rows))
     return l0, l1, l2, l3, h0, h1, h2, h3
 
 
 @njit(cache=True, inline="always")
-def _tile_token(low, high16, scale0, scale1, min0, min1, sums, at, dd, dmin, acc, acc_min):
+def _tile_token(rows, low, high16, scale0, scale1, min_pairs, sums, at, dd, dmin, acc, acc_min):
     """One token's S, M of a pair of sub-blocks into its gemm-order accumulators."""
     return fma(to_f32(_scaled(low, high16, scale0, scale1)), dd, acc), \
-        fma(to_f32(_min_sum(min0, min1, sums, at)), dmin, acc_min)
+        fma(to_f32(_min_sum(rows, min_pairs, sums, at)), dmin, acc_min)
 
 
 @njit(cache=True)
-def _group_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
-    """8 rows (packed Q4_K group w) x tokens t0, t1, t2, t3 (a gemm tile, repeats allowed) ->
-    out[t, col:col+8], the gemm's order; the weights are unpacked once for the 4 tokens."""
-    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = zeros_f32x8()
+def _group_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
+    """A packed Q4_K group, or a pair of them (row_pairs), x tokens t0, t1, t2, t3 (a gemm tile,
+    repeats allowed) -> dest, the gemm's order; the weights are unpacked once for the 4 tokens."""
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = like_rows(zeros_f32x8(), rows)
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
     s0, s1, s2, s3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
-        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t1, b])
-        e2, e3 = splat_f32(xd[t2, b]), splat_f32(xd[t3, b])
+        d, dmin = rows_halves(rows, base), rows_halves(rows, base + 16)
+        e0, e1 = like_rows(splat_f32(xd[t0, b]), rows), like_rows(splat_f32(xd[t1, b]), rows)
+        e2, e3 = like_rows(splat_f32(xd[t2, b]), rows), like_rows(splat_f32(xd[t3, b]), rows)
         for j in range(4):
-            scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
-            scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
-            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(w, base + _CHUNKS + 256 * j, x0, x1, x2, x3, b * 256 + 64 * j)
-            at = b * 16 + 4 * j
-            a0, m0 = _tile_token(l0, h0, scale0, scale1, min0, min1, s0, at, mul(d, e0), mul(dmin, e0), a0, m0)
-            a1, m1 = _tile_token(l1, h1, scale0, scale1, min0, min1, s1, at, mul(d, e1), mul(dmin, e1), a1, m1)
-            a2, m2 = _tile_token(l2, h2, scale0, scale1, min0, min1, s2, at, mul(d, e2), mul(dmin, e2), a2, m2)
-            a3, m3 = _tile_token(l3, h3, scale0, scale1, min0, min1, s3, at, mul(d, e3), mul(dmin, e3), a3, m3)
-    store_f32x8(out[t0], col, sub(a0, m0))
-    store_f32x8(out[t1], col, sub(a1, m1))
-    store_f32x8(out[t2], col, sub(a2, m2))
-    store_f32x8(out[t3], col, sub(a3, m3))
+            scale0, min0 = rows_scale_min(rows, base + _SCALES, 2 * j)
+            scale1, min1 = rows_scale_min(rows, base + _SCALES, 2 * j + 1)
+            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(rows, base + _CHUNKS + 256 * j, x0, x1, x2, x3,
+                                                        b * 256 + 64 * j)
+            at, mins = b * 16 + 4 * j, _min_pairs(min0, min1)
+            a0, m0 = _tile_token(rows, l0, h0, scale0, scale1, mins, s0, at, mul(d, e0), mul(dmin, e0), a0, m0)
+            a1, m1 = _tile_token(rows, l1, h1, scale0, scale1, mins, s1, at, mul(d, e1), mul(dmin, e1), a1, m1)
+            a2, m2 = _tile_token(rows, l2, h2, scale0, scale1, mins, s2, at, mul(d, e2), mul(dmin, e2), a2, m2)
+            a3, m3 = _tile_token(rows, l3, h3, scale0, scale1, mins, s3, at, mul(d, e3), mul(dmin, e3), a3, m3)
+    store_difference(dest, t0, a0, m0)
+    store_difference(dest, t1, a1, m1)
+    store_difference(dest, t2, a2, m2)
+    store_difference(dest, t3, a3, m3)
 
 
 @njit(cache=True)
@@ -185,11 +200,11 @@ def _group_one_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
             scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
             scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
             l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(w, base + _CHUNKS + 256 * j, x0, x1, x2, x3, b * 256 + 64 * j)
-            at = b * 16 + 4 * j
-            s0, n0 = add(s0, _scaled(l0, h0, scale0, scale1)), add(n0, _min_sum(min0, min1, u0, at))
-            s1, n1 = add(s1, _scaled(l1, h1, scale0, scale1)), add(n1, _min_sum(min0, min1, u1, at))
-            s2, n2 = add(s2, _scaled(l2, h2, scale0, scale1)), add(n2, _min_sum(min0, min1, u2, at))
-            s3, n3 = add(s3, _scaled(l3, h3, scale0, scale1)), add(n3, _min_sum(min0, min1, u3, at))
+            at, mins = b * 16 + 4 * j, _min_pairs(min0, min1)
+            s0, n0 = add(s0, _scaled(l0, h0, scale0, scale1)), add(n0, _min_sum(w, mins, u0, at))
+            s1, n1 = add(s1, _scaled(l1, h1, scale0, scale1)), add(n1, _min_sum(w, mins, u1, at))
+            s2, n2 = add(s2, _scaled(l2, h2, scale0, scale1)), add(n2, _min_sum(w, mins, u2, at))
+            s3, n3 = add(s3, _scaled(l3, h3, scale0, scale1)), add(n3, _min_sum(w, mins, u3, at))
         d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
         e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t1, b])
         e2, e3 = splat_f32(xd[t2, b]), splat_f32(xd[t3, b])
@@ -204,32 +219,57 @@ def _group_one_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
 
 
 @njit(cache=True)
+def _gemm_tokens(rows, xq, xd, bsums, dest, call_index, call_length):
+    """Every token in a gemm tile of its call x a group or a pair of groups (row_pairs) -> dest,
+    4 tokens at a time."""
+    p0 = p1 = p2 = pending = 0                      # tokens waiting for a full tile
+    for t in range(xd.shape[0]):
+        if not in_gemm_tile(call_index, call_length, t):
+            continue
+        if pending == 3:
+            _group_tile(rows, xq, xd, bsums, dest, p0, p1, p2, t)
+            pending = 0
+        else:
+            pending, p0, p1, p2 = hold(pending, p0, p1, p2, t)
+    if pending > 0:                                 # a short last tile repeats its last token
+        _group_tile(rows, xq, xd, bsums, dest, p0, held(min(1, pending - 1), p0, p1, p2),
+                    held(pending - 1, p0, p1, p2), held(pending - 1, p0, p1, p2))
+
+
+@njit(cache=True)
+def _gemv_tokens(w, xq, xd, bsums, out, col, call_index, call_length):
+    """Every token not in a gemm tile x the packed group w -> out[t, col:col+8], 4 at a time."""
+    g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
+    for t in range(xd.shape[0]):
+        if in_gemm_tile(call_index, call_length, t):
+            continue
+        if pending == 3:
+            _group_one_tile(w, xq, xd, bsums, out, g0, g1, g2, t, col)
+            pending = 0
+        else:
+            pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
+    for k in range(pending):                        # fewer than 4 left: alone
+        _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
+
+
+@njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
-    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
+    With 16-lane VNNI the gemm tiles take two groups at once."""
     xq, xd, bsums, call_index, call_length = acts
-    num_tokens = xd.shape[0]
-    for i in range(first, last):
+    pairs = wide_dot4_available()
+    i = first
+    while i < last:
         part, col = locate(part_ends, i)
-        out = outs[part]
-        p0 = p1 = p2 = pending = 0                  # gemm tokens waiting for a full tile
-        g0 = g1 = g2 = gemv_pending = 0             # gemv tokens waiting for 3 more
-        for t in range(num_tokens):
-            if not in_gemm_tile(call_index, call_length, t):
-                if gemv_pending == 3:
-                    _group_one_tile(packed[i], xq, xd, bsums, out, g0, g1, g2, t, col)
-                    gemv_pending = 0
-                else:
-                    gemv_pending, g0, g1, g2 = hold(gemv_pending, g0, g1, g2, t)
-            elif pending == 3:
-                _group_tile(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
-                pending = 0
-            else:
-                pending, p0, p1, p2 = hold(pending, p0, p1, p2, t)
-        if pending > 0:                             # a short last tile repeats its last token
-            _group_tile(packed[i], xq, xd, bsums, out, p0, held(min(1, pending - 1), p0, p1, p2),
-                        held(pending - 1, p0, p1, p2), held(pending - 1, p0, p1, p2), col)
-        for k in range(gemv_pending):               # fewer than 4 left: alone
-            _group_one(packed[i], xq, xd, bsums, out, held(k, g0, g1, g2), col)
+        if pairs and i + 1 < last:
+            part1, col1 = locate(part_ends, i + 1)
+            _gemm_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1),
+                         call_index, call_length)
+            _gemv_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_index, call_length)
+        else:
+            _gemm_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_index, call_length)
+        _gemv_tokens(packed[i], xq, xd, bsums, outs[part], col, call_index, call_length)
+        i += 2 if pairs and i + 1 < last else 1
 
 
 @njit(cache=True)

@@ -25,11 +25,12 @@ from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, sp
                     zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
-                        sub_int)
+                        sub_int, wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+from .row_pairs import like_rows, rows_chunk, rows_halves, rows_i8x8_as_i32, store_rows
 
 FUSABLE = True           # several matrices concatenated, one output per part
 TYPE_SIZE = 210
@@ -69,9 +70,10 @@ def pack(raw: np.ndarray) -> tuple:
 
 
 @njit(cache=True, inline="always")
-def _scales(w, base, m):
-    """Scale m of the 8 rows as the I16x16 multiplier of their pair sums."""
-    return i16_pairs(load_i8x8_as_i32(w, base + _SCALES + 8 * m))
+def _scales(rows, base, m):
+    """Scale m of the 8 rows (16 for a pair of groups, row_pairs) as the I16x16 (I16x32) multiplier
+    of their pair sums."""
+    return i16_pairs(rows_i8x8_as_i32(rows, base + _SCALES + 8 * m))
 
 
 @njit(cache=True, inline="always")
@@ -127,103 +129,83 @@ def _group_one(w, xq, xd, bsums, out, t, col):
     store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
-@njit(cache=True)
-def _group_tiled(w, xq, xd, bsums, out, t, col):
-    """8 rows (packed Q6_K group w) x token t of a call with >= 8 tokens -> out[t, col:col+8], the
-    tiled matmul's order."""
-    acc = zeros_f32x8()
-    x, sums = xq[t], bsums[t]
-    for b in range(xd.shape[1]):
-        base = b * GROUP_BLOCK_BYTES
-        e0, e1, e2, e3 = _scales(w, base, 0), _scales(w, base, 2), _scales(w, base, 4), _scales(w, base, 6)
-        e4, e5, e6, e7 = _scales(w, base, 8), _scales(w, base, 10), _scales(w, base, 12), _scales(w, base, 14)
-        s = add(add(_lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7),
-                    _lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)),
-                add(_lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7),
-                    _lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)))
-        e0, e1, e2, e3 = _scales(w, base, 1), _scales(w, base, 3), _scales(w, base, 5), _scales(w, base, 7)
-        e4, e5, e6, e7 = _scales(w, base, 9), _scales(w, base, 11), _scales(w, base, 13), _scales(w, base, 15)
-        s = add(s, add(add(_lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7),
-                           _lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)),
-                       add(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7),
-                           _lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7))))
-        acc = fma(mul(to_f32(s), load_halves_as_f32(w, base)), splat_f32(xd[t, b]), acc)
-    store_f32x8(out[t], col, acc)
+@njit(cache=True, inline="always")
+def _dots4(rows, v0, v1, v2, v3, x, x_at, s0, s1, s2, s3):
+    """One token's sum over 4 vectors (v_k . x[x_at + 32k..]) times their scales -> I32x8 (I32x16
+    for a pair of groups, row_pairs)."""
+    s = dot_pairs_i16(dot_pairs_u8_i8(v0, like_rows(broadcast_i8x4(x, x_at), rows)), s0)
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, like_rows(broadcast_i8x4(x, x_at + 32), rows)), s1))
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, like_rows(broadcast_i8x4(x, x_at + 64), rows)), s2))
+    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, like_rows(broadcast_i8x4(x, x_at + 96), rows)), s3))
 
 
 @njit(cache=True, inline="always")
-def _dots4(v0, v1, v2, v3, x, x_at, s0, s1, s2, s3):
-    """One token's sum over 4 vectors (v_k . x[x_at + 32k..]) times their scales -> I32x8."""
-    s = dot_pairs_i16(dot_pairs_u8_i8(v0, broadcast_i8x4(x, x_at)), s0)
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, broadcast_i8x4(x, x_at + 32)), s1))
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, broadcast_i8x4(x, x_at + 64)), s2))
-    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, broadcast_i8x4(x, x_at + 96)), s3))
-
-
-@njit(cache=True, inline="always")
-def _half4(w, at, x0, x1, x2, x3, x_at, s0, s1, s2, s3):
-    """_half for 4 tokens: the 6-bit values unpacked once."""
-    low, high, bits = load_i8x32(w, at), load_i8x32(w, at + 32), load_i8x32(w, at + 64)
+def _half4(rows, at, x0, x1, x2, x3, x_at, s0, s1, s2, s3):
+    """_half for 4 tokens and a group or a pair of groups: the 6-bit values unpacked once."""
+    low, high, bits = rows_chunk(rows, at), rows_chunk(rows, at + 32), rows_chunk(rows, at + 64)
     v0 = bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4))
     v1 = bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2))
     v2 = bits_or(high_nibbles(low), mask_bits(bits, 48))
     v3 = bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2))
-    return (_dots4(v0, v1, v2, v3, x0, x_at, s0, s1, s2, s3), _dots4(v0, v1, v2, v3, x1, x_at, s0, s1, s2, s3),
-            _dots4(v0, v1, v2, v3, x2, x_at, s0, s1, s2, s3), _dots4(v0, v1, v2, v3, x3, x_at, s0, s1, s2, s3))
+    return (_dots4(rows, v0, v1, v2, v3, x0, x_at, s0, s1, s2, s3),
+            _dots4(rows, v0, v1, v2, v3, x1, x_at, s0, s1, s2, s3),
+            _dots4(rows, v0, v1, v2, v3, x2, x_at, s0, s1, s2, s3),
+            _dots4(rows, v0, v1, v2, v3, x3, x_at, s0, s1, s2, s3))
 
 
 @njit(cache=True, inline="always")
-def _offset(w, base, sums, b, m):
-    """32 * (sc[m] * bsum[m] + sc[m+1] * bsum[m+1]) for 8 rows (I32x8)."""
+def _offset(rows, base, sums, b, m):
+    """32 * (sc[m] * bsum[m] + sc[m+1] * bsum[m+1]) for 8 rows (I32x8; I32x16 for a pair)."""
     at = base + _SCALES + 8 * m
-    return shift_left(add(mul_i32(load_i8x8_as_i32(w, at), splat_i32(sums[b * 16 + m])),
-                          mul_i32(load_i8x8_as_i32(w, at + 8), splat_i32(sums[b * 16 + m + 1]))), 5)
+    return shift_left(add(mul_i32(rows_i8x8_as_i32(rows, at), like_rows(splat_i32(sums[b * 16 + m]), rows)),
+                          mul_i32(rows_i8x8_as_i32(rows, at + 8), like_rows(splat_i32(sums[b * 16 + m + 1]), rows))), 5)
 
 
 @njit(cache=True, inline="always")
-def _half_scales(w, base, half):
+def _half_scales(rows, base, half):
     """The scales e0..e7 of _lane for the lanes 4*half..4*half+3: sc[half], sc[2+half], ..., sc[14+half]."""
-    return (_scales(w, base, half), _scales(w, base, 2 + half), _scales(w, base, 4 + half), _scales(w, base, 6 + half),
-            _scales(w, base, 8 + half), _scales(w, base, 10 + half), _scales(w, base, 12 + half),
-            _scales(w, base, 14 + half))
+    return (_scales(rows, base, half), _scales(rows, base, 2 + half),
+            _scales(rows, base, 4 + half), _scales(rows, base, 6 + half),
+            _scales(rows, base, 8 + half), _scales(rows, base, 10 + half),
+            _scales(rows, base, 12 + half), _scales(rows, base, 14 + half))
 
 
 @njit(cache=True, inline="always")
-def _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e):
+def _lane4(rows, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e):
     """_lane for 4 tokens (activations x0..x3, 16-value sums u0..u3), the 6-bit values unpacked once;
-    e: _half_scales of the lane's half -> 4 x I32x8."""
+    e: _half_scales of the lane's half -> 4 x I32x8 (I32x16 for a pair of groups)."""
     at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
-    p0, p1, p2, p3 = _half4(w, at, x0, x1, x2, x3, x_at, e[0], e[1], e[2], e[3])
-    q0, q1, q2, q3 = _half4(w, at + 96, x0, x1, x2, x3, x_at + 128, e[4], e[5], e[6], e[7])
+    p0, p1, p2, p3 = _half4(rows, at, x0, x1, x2, x3, x_at, e[0], e[1], e[2], e[3])
+    q0, q1, q2, q3 = _half4(rows, at + 96, x0, x1, x2, x3, x_at + 128, e[4], e[5], e[6], e[7])
     m = 2 * lane
-    return (sub_int(add(p0, q0), _offset(w, base, u0, b, m)), sub_int(add(p1, q1), _offset(w, base, u1, b, m)),
-            sub_int(add(p2, q2), _offset(w, base, u2, b, m)), sub_int(add(p3, q3), _offset(w, base, u3, b, m)))
+    return (sub_int(add(p0, q0), _offset(rows, base, u0, b, m)), sub_int(add(p1, q1), _offset(rows, base, u1, b, m)),
+            sub_int(add(p2, q2), _offset(rows, base, u2, b, m)), sub_int(add(p3, q3), _offset(rows, base, u3, b, m)))
 
 
 @njit(cache=True)
-def _group_tiled4(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
-    """8 rows (packed Q6_K group w) x tokens t0, t1, t2, t3 of calls with >= 8 tokens ->
-    out[t, col:col+8], the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
-    a0 = a1 = a2 = a3 = zeros_f32x8()
+def _group_tiled4(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
+    """A packed Q6_K group, or a pair of them (row_pairs), x tokens t0, t1, t2, t3 of calls with >= 8
+    tokens -> dest, the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
+    a0 = a1 = a2 = a3 = like_rows(zeros_f32x8(), rows)
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
     u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        s0 = s1 = s2 = s3 = zeros_i32x8()
+        s0 = s1 = s2 = s3 = like_rows(zeros_i32x8(), rows)
         for half in range(2):
-            e = _half_scales(w, base, half)
+            e = _half_scales(rows, base, half)
             for lane in range(4 * half, 4 * half + 4):
-                c0, c1, c2, c3 = _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
+                c0, c1, c2, c3 = _lane4(rows, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
                 s0, s1, s2, s3 = add(s0, c0), add(s1, c1), add(s2, c2), add(s3, c3)
-        d = load_halves_as_f32(w, base)
-        a0 = fma(mul(to_f32(s0), d), splat_f32(xd[t0, b]), a0)
-        a1 = fma(mul(to_f32(s1), d), splat_f32(xd[t1, b]), a1)
-        a2 = fma(mul(to_f32(s2), d), splat_f32(xd[t2, b]), a2)
-        a3 = fma(mul(to_f32(s3), d), splat_f32(xd[t3, b]), a3)
-    store_f32x8(out[t0], col, a0)
-    store_f32x8(out[t1], col, a1)
-    store_f32x8(out[t2], col, a2)
-    store_f32x8(out[t3], col, a3)
+        d = rows_halves(rows, base)
+        a0 = fma(mul(to_f32(s0), d), like_rows(splat_f32(xd[t0, b]), rows), a0)
+        a1 = fma(mul(to_f32(s1), d), like_rows(splat_f32(xd[t1, b]), rows), a1)
+        a2 = fma(mul(to_f32(s2), d), like_rows(splat_f32(xd[t2, b]), rows), a2)
+        a3 = fma(mul(to_f32(s3), d), like_rows(splat_f32(xd[t3, b]), rows), a3)
+    store_rows(dest, t0, a0)
+    store_rows(dest, t1, a1)
+    store_rows(dest, t2, a2)
+    store_rows(dest, t3, a3)
 
 
 @njit(cache=True, inline="always")
@@ -269,32 +251,59 @@ def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
 
 
 @njit(cache=True)
+def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
+    """Every token of a call with >= 8 tokens x a group or a pair of groups (row_pairs) -> dest,
+    4 tokens at a time."""
+    p0 = p1 = p2 = pending = 0                      # tokens waiting for a group of 4
+    for t in range(xd.shape[0]):
+        if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+            continue
+        if pending == 3:
+            _group_tiled4(rows, xq, xd, bsums, dest, p0, p1, p2, t)
+            pending = 0
+        else:
+            pending, p0, p1, p2 = hold(pending, p0, p1, p2, t)
+    if pending > 0:                                 # a short last tile repeats its last token
+        _group_tiled4(rows, xq, xd, bsums, dest, p0, held(min(1, pending - 1), p0, p1, p2),
+                      held(pending - 1, p0, p1, p2), held(pending - 1, p0, p1, p2))
+
+
+@njit(cache=True)
+def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length, lanes):
+    """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8], 4 at
+    a time; lanes: _group_one4's scratch."""
+    g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
+    for t in range(xd.shape[0]):
+        if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+            continue
+        if pending == 3:
+            _group_one4(w, xq, xd, bsums, out, g0, g1, g2, t, col, lanes)
+            pending = 0
+        else:
+            pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
+    for k in range(pending):
+        _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
+
+
+@njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
-    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
+    """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
+    Where the CPU has AVX-512 BW the tiled calls' tokens take two groups at once."""
     xq, xd, bsums, _, call_length = acts
-    num_tokens = xd.shape[0]
+    pairs = wide_dot4_available()
     lanes = np.empty(256, np.float32)
-    for i in range(first, last):
+    i = first
+    while i < last:
         part, col = locate(part_ends, i)
-        out = outs[part]
-        p0 = p1 = p2 = pending = 0                  # tiled tokens waiting for a group of 4
-        g0 = g1 = g2 = one_pending = 0              # vec_dot tokens waiting for 3 more
-        for t in range(num_tokens):
-            if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
-                if one_pending == 3:
-                    _group_one4(packed[i], xq, xd, bsums, out, g0, g1, g2, t, col, lanes)
-                    one_pending = 0
-                else:
-                    one_pending, g0, g1, g2 = hold(one_pending, g0, g1, g2, t)
-            elif pending == 3:
-                _group_tiled4(packed[i], xq, xd, bsums, out, p0, p1, p2, t, col)
-                pending = 0
-            else:
-                pending, p0, p1, p2 = hold(pending, p0, p1, p2, t)
-        for k in range(pending):                    # fewer than 4 left: alone
-            _group_tiled(packed[i], xq, xd, bsums, out, held(k, p0, p1, p2), col)
-        for k in range(one_pending):
-            _group_one(packed[i], xq, xd, bsums, out, held(k, g0, g1, g2), col)
+        if pairs and i + 1 < last:
+            part1, col1 = locate(part_ends, i + 1)
+            _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1),
+                          call_length)
+            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length, lanes)
+        else:
+            _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
+        _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length, lanes)
+        i += 2 if pairs and i + 1 < last else 1
 
 
 @njit(cache=True)
