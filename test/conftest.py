@@ -4,7 +4,6 @@ The repo root goes first on sys.path so that tests import `edge_slm_node` from t
 tree even when pytest is started without scripts/env.sh (enough for tests that need no ROS).
 """
 import sys
-import weakref
 from pathlib import Path
 
 import pytest
@@ -16,20 +15,22 @@ if str(REPO_ROOT) not in sys.path:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def close_engines_of_module():
-    """Every Engine a test module made is closed when the module ends: its side forward threads
-    would otherwise keep it, its KV pool and its buffers alive for the rest of the run (the
-    suite's single process reached ~100 idle threads). No engine fixture outlives a module."""
-    from edge_slm_node.engine.engine import Engine
-    made = []
-    original_init = Engine.__init__
+def end_side_threads_of_module():
+    """Every side forward thread a test module started is ended when the module ends. A thread holds
+    its own Transformer (buffers, the weights), not its engine, so an engine a test dropped without
+    close() left it running for the rest of the run (~95 idle threads by the ROS tests). No engine
+    fixture outlives a module."""
+    from edge_slm_node.engine.forward_thread import ForwardThread
+    started = []
+    original_init = ForwardThread.__init__
 
-    def init_and_record(engine, *args, **kwargs):
-        original_init(engine, *args, **kwargs)
-        made.append(weakref.ref(engine))     # weak: a test may check that a dropped engine is freed
+    def init_and_record(side, *args, **kwargs):
+        original_init(side, *args, **kwargs)
+        started.append(side)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Engine, "__init__", init_and_record)
+        patch.setattr(ForwardThread, "__init__", init_and_record)
         yield
-    for engine in filter(None, (ref() for ref in made)):
-        engine.close()
+    for side in started:
+        if side.transformer is not None:          # not closed yet
+            side.close()

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_slm_node.engine.memory import resident_by_mapping
-from node_harness import grown_mappings, running_node
+from node_harness import grown_mappings, resident_by_mapping, running_node
 
 HOSTILE = Path(__file__).with_name("hostile_client.py")
 

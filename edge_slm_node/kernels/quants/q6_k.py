@@ -21,7 +21,7 @@ by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/qu
 import numpy as np
 from numba import njit
 
-from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
+from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
@@ -208,48 +208,6 @@ def _group_tiled4(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     store_rows(dest, t3, a3)
 
 
-@njit(cache=True, inline="always")
-def _into_lane(lanes, at, dd, s):
-    """lanes[at:at+8] = fma(dd, float(s), lanes[at:at+8]): one token's lane accumulator in memory."""
-    store_f32x8(lanes, at, fma(dd, to_f32(s), load_f32x8(lanes, at)))
-
-
-@njit(cache=True, inline="always")
-def _lanes_total(lanes, at):
-    """vector_lane_sum of the 8 lane accumulators at lanes[at..at+63]."""
-    return vector_lane_sum(load_f32x8(lanes, at), load_f32x8(lanes, at + 8), load_f32x8(lanes, at + 16),
-                           load_f32x8(lanes, at + 24), load_f32x8(lanes, at + 32), load_f32x8(lanes, at + 40),
-                           load_f32x8(lanes, at + 48), load_f32x8(lanes, at + 56))
-
-
-@njit(cache=True)
-def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
-    """_group_one for 4 tokens (distinct), each in its own lane order as if alone, the 6-bit values
-    unpacked once for all four (decode steps of 4+ sessions); lanes: 256 float32 of scratch (the
-    32 lane accumulators do not fit in registers)."""
-    lanes[:] = 0.0
-    x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
-    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
-    for b in range(xd.shape[1]):
-        base = b * GROUP_BLOCK_BYTES
-        prefetch_lines(w, base + PREFETCH_BYTES, 27)
-        d = load_halves_as_f32(w, base)
-        d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
-        d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
-        for half in range(2):
-            e = _half_scales(w, base, half)
-            for lane in range(4 * half, 4 * half + 4):
-                c0, c1, c2, c3 = _lane4(w, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
-                _into_lane(lanes, 8 * lane, d0, c0)
-                _into_lane(lanes, 64 + 8 * lane, d1, c1)
-                _into_lane(lanes, 128 + 8 * lane, d2, c2)
-                _into_lane(lanes, 192 + 8 * lane, d3, c3)
-    store_f32x8(out[t0], col, _lanes_total(lanes, 0))
-    store_f32x8(out[t1], col, _lanes_total(lanes, 64))
-    store_f32x8(out[t2], col, _lanes_total(lanes, 128))
-    store_f32x8(out[t3], col, _lanes_total(lanes, 192))
-
-
 @njit(cache=True)
 def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
     """Every token of a call with >= 8 tokens x a group or a pair of groups (row_pairs) -> dest,
@@ -269,29 +227,20 @@ def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
 
 
 @njit(cache=True)
-def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length, lanes):
-    """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8], 4 at
-    a time; lanes: _group_one4's scratch."""
-    g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
+def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length):
+    """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8]."""
     for t in range(xd.shape[0]):
-        if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
-            continue
-        if pending == 3:
-            _group_one4(w, xq, xd, bsums, out, g0, g1, g2, t, col, lanes)
-            pending = 0
-        else:
-            pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
-    for k in range(pending):
-        _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
+        if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+            _group_one(w, xq, xd, bsums, out, t, col)
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
-    Where the CPU has AVX-512 BW the tiled calls' tokens take two groups at once."""
+    Where the CPU has AVX512-VNNI and BW (wide_dot4_available) the tiled calls' tokens take two groups
+    at once."""
     xq, xd, bsums, _, call_length = acts
     pairs = wide_dot4_available()
-    lanes = np.empty(256, np.float32)
     i = first
     while i < last:
         part, col = locate(part_ends, i)
@@ -299,10 +248,10 @@ def _groups(first, last, packed, acts, outs, part_ends):
             part1, col1 = locate(part_ends, i + 1)
             _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1),
                           call_length)
-            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length, lanes)
+            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length)
         else:
             _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
-        _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length, lanes)
+        _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length)
         i += 2 if pairs and i + 1 < last else 1
 
 
