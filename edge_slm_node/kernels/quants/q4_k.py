@@ -218,7 +218,7 @@ def _group_one_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
     store_f32x8(out[t3], col, sub(a3, m3))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _gemm_tokens(rows, xq, xd, bsums, dest, call_index, call_length):
     """Every token in a gemm tile of its call x a group or a pair of groups (row_pairs) -> dest,
     4 tokens at a time."""
@@ -236,7 +236,7 @@ def _gemm_tokens(rows, xq, xd, bsums, dest, call_index, call_length):
                     held(pending - 1, p0, p1, p2), held(pending - 1, p0, p1, p2))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _gemv_tokens(w, xq, xd, bsums, out, col, call_index, call_length):
     """Every token not in a gemm tile x the packed group w -> out[t, col:col+8], 4 at a time."""
     g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
@@ -252,24 +252,35 @@ def _gemv_tokens(w, xq, xd, bsums, out, col, call_index, call_length):
         _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
 
 
+@njit(cache=True, inline="always")
+def _any_gemm_token(call_index, call_length):
+    """Some token of this kernel call is in a gemm tile (a prompt step)."""
+    for t in range(call_length.shape[0]):
+        if in_gemm_tile(call_index, call_length, t):
+            return True
+    return False
+
+
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
     With 16-lane VNNI the gemm tiles take two groups at once."""
     xq, xd, bsums, call_index, call_length = acts
-    pairs = wide_dot4_available()
+    pairs = wide_dot4_available() and _any_gemm_token(call_index, call_length)     # decode steps: one group at a time
     i = first
-    while i < last:
+    while i < last:                                 # groups in memory order (a decode step streams them)
         part, col = locate(part_ends, i)
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
             _gemm_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1),
                          call_index, call_length)
+            _gemv_tokens(packed[i], xq, xd, bsums, outs[part], col, call_index, call_length)
             _gemv_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_index, call_length)
+            i += 2
         else:
             _gemm_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_index, call_length)
-        _gemv_tokens(packed[i], xq, xd, bsums, outs[part], col, call_index, call_length)
-        i += 2 if pairs and i + 1 < last else 1
+            _gemv_tokens(packed[i], xq, xd, bsums, outs[part], col, call_index, call_length)
+            i += 1
 
 
 @njit(cache=True)

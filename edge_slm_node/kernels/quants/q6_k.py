@@ -208,7 +208,7 @@ def _group_tiled4(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     store_rows(dest, t3, a3)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
     """Every token of a call with >= 8 tokens x a group or a pair of groups (row_pairs) -> dest,
     4 tokens at a time."""
@@ -226,12 +226,21 @@ def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
                       held(pending - 1, p0, p1, p2), held(pending - 1, p0, p1, p2))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length):
     """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8]."""
     for t in range(xd.shape[0]):
         if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
             _group_one(w, xq, xd, bsums, out, t, col)
+
+
+@njit(cache=True, inline="always")
+def _any_tiled_token(call_length):
+    """Some token of this kernel call belongs to a call of >= 8 tokens (a prompt step)."""
+    for t in range(call_length.shape[0]):
+        if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+            return True
+    return False
 
 
 @njit(cache=True)
@@ -240,19 +249,20 @@ def _groups(first, last, packed, acts, outs, part_ends):
     Where the CPU has AVX512-VNNI and BW (wide_dot4_available) the tiled calls' tokens take two groups
     at once."""
     xq, xd, bsums, _, call_length = acts
-    pairs = wide_dot4_available()
+    pairs = wide_dot4_available() and _any_tiled_token(call_length)     # decode steps: one group at a time
     i = first
-    while i < last:
+    while i < last:                                 # groups in memory order (a decode step streams them)
         part, col = locate(part_ends, i)
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
-            _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1),
-                          call_length)
+            _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1), call_length)
+            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length)
             _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length)
+            i += 2
         else:
             _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
-        _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length)
-        i += 2 if pairs and i + 1 < last else 1
+            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length)
+            i += 1
 
 
 @njit(cache=True)
