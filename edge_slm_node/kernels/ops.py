@@ -132,16 +132,36 @@ def hsum8(v, at):
 def rms_norm(x, weight, eps, out):
     """x (T, n) f32, weight (n,) -> out (T, n) = x / sqrt(mean(x^2) + eps) * weight.
 
-    As ggml: each square rounded to float32, summed in float64; scale in float32."""
+    As ggml: each square rounded to float32, summed in float64 in order; scale in float32. Rows
+    go four at a time, their sums as four independent chains (one chain waits on each add)."""
     num_tokens, n = x.shape
-    for t in range(num_tokens):
+    quads = num_tokens - num_tokens % 4
+    for t in range(0, quads, 4):
+        total0 = total1 = total2 = total3 = 0.0
+        for i in range(n):
+            total0 += np.float64(x[t, i] * x[t, i])
+            total1 += np.float64(x[t + 1, i] * x[t + 1, i])
+            total2 += np.float64(x[t + 2, i] * x[t + 2, i])
+            total3 += np.float64(x[t + 3, i] * x[t + 3, i])
+        _scale_row(x[t], weight, eps, total0, out[t])
+        _scale_row(x[t + 1], weight, eps, total1, out[t + 1])
+        _scale_row(x[t + 2], weight, eps, total2, out[t + 2])
+        _scale_row(x[t + 3], weight, eps, total3, out[t + 3])
+    for t in range(quads, num_tokens):
         total = 0.0
         for i in range(n):
             total += np.float64(x[t, i] * x[t, i])
-        mean = np.float32(total / n)
-        scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
-        for i in range(n):
-            out[t, i] = (x[t, i] * scale) * weight[i]
+        _scale_row(x[t], weight, eps, total, out[t])
+
+
+@njit(cache=True, inline="always")
+def _scale_row(row, weight, eps, total, out):
+    """out = row / sqrt(total / n + eps) * weight, as ggml_compute_forward_rms_norm_f32."""
+    n = row.shape[0]
+    mean = np.float32(total / n)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    for i in range(n):
+        out[i] = (row[i] * scale) * weight[i]
 
 
 @njit(cache=True, nogil=True)

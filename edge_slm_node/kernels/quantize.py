@@ -9,10 +9,35 @@ import numpy as np
 from numba import njit
 
 from .half import round_to_half
+from .ops import bits_float, float_bits
 
 QUANT_BLOCK = 32
 SUPER_BLOCK = 256     # Q8_K values per scale
 SUM_BLOCK = 16        # Q8_K values per bsum
+_ABS_MASK = np.int32(0x7FFFFFFF)
+_INFINITY_BITS = np.int32(0x7F800000)
+
+
+@njit(cache=True, inline="always")
+def _largest_magnitude(row, start, count):
+    """-> (max |row[start:start+count]|, the first value of that magnitude), NaNs ignored as
+    ggml's `if (ax > amax)` ignores them. The bit patterns of |x| order as the values do, so the
+    maximum is an integer reduction (vectorized); a scalar pass only when a NaN is there."""
+    bits = np.int32(0)
+    for j in range(count):
+        bits = max(bits, float_bits(row[start + j]) & _ABS_MASK)
+    if bits > _INFINITY_BITS:
+        amax = largest = np.float32(0.0)
+        for j in range(count):
+            a = abs(row[start + j])
+            if a > amax:
+                amax, largest = a, row[start + j]
+        return amax, largest
+    amax = bits_float(bits)
+    for j in range(count):
+        if abs(row[start + j]) == amax:
+            return amax, row[start + j]
+    return amax, amax
 
 
 @njit(cache=True, nogil=True)
@@ -22,11 +47,7 @@ def quantize_rows_q8(x, xq, xd, xs):
     for t in range(num_rows):
         for b in range(length // QUANT_BLOCK):
             start = b * QUANT_BLOCK
-            amax = np.float32(0.0)
-            for j in range(QUANT_BLOCK):
-                a = abs(x[t, start + j])
-                if a > amax:
-                    amax = a
+            amax, _ = _largest_magnitude(x[t], start, QUANT_BLOCK)
             d = amax / np.float32(127.0)
             inverse = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             total = 0
@@ -48,13 +69,7 @@ def quantize_rows_q8_k(x, xq, xd, bsums):
     for t in range(num_rows):
         for b in range(length // SUPER_BLOCK):
             start = b * SUPER_BLOCK
-            amax = np.float32(0.0)
-            largest = np.float32(0.0)
-            for j in range(SUPER_BLOCK):
-                a = abs(x[t, start + j])
-                if a > amax:
-                    amax = a
-                    largest = x[t, start + j]
+            amax, largest = _largest_magnitude(x[t], start, SUPER_BLOCK)
             if amax == 0:
                 xd[t, b] = 0
                 for j in range(SUPER_BLOCK):

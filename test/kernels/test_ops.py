@@ -5,7 +5,7 @@ from numba import njit
 
 from edge_slm_node.kernels import ops
 from edge_slm_node.kernels.half import float_to_half_bits, half_bits_to_float, round_to_half
-from edge_slm_node.kernels.quantize import quantize_rows_q8
+from edge_slm_node.kernels.quantize import quantize_rows_q8, quantize_rows_q8_k
 
 
 @njit
@@ -55,6 +55,42 @@ def test_quantize_rows_q8_matches_reference(tokens, length):
     np.testing.assert_array_equal(xd, d.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(xs, (d * q.sum(axis=2).astype(np.float32)).astype(np.float16).astype(np.float32))
     np.testing.assert_allclose(xq.reshape(tokens, -1, 32) * xd[..., None], blocks, atol=amax.max() / 127)
+
+
+def _q8_k_reference(block):
+    """ggml's quantize_row_q8_K_ref for one block of 256: (q, d, bsums)."""
+    amax = largest = np.float32(0.0)
+    for value in block:
+        if abs(value) > amax:
+            amax, largest = abs(value), value
+    if amax == 0:
+        return np.zeros(256, np.int32), np.float32(0.0), np.zeros(16, np.int32)
+    iscale = np.float32(-127.0) / largest
+    q = np.minimum(127, np.rint(iscale * block).astype(np.int32))
+    return q, np.float32(1.0) / iscale, q.reshape(16, 16).sum(axis=1)
+
+
+def test_quantize_rows_q8_k_matches_ggml_reference():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 1024)) * 4).astype(np.float32)
+    x[0, 10], x[0, 200] = -30.0, 30.0          # a tie of magnitudes: the first one sets the sign of the scale
+    x[1, 256:512] = 0.0
+    x[1, 512:768] = -0.0
+    x[2, 300] = np.nan                        # ignored by the maximum, as ggml's `ax > amax` ignores it
+    x[2, 301] = 50.0
+    xq = np.zeros((3, 1024), np.int8)
+    xd = np.zeros((3, 4), np.float32)
+    sums = np.zeros((3, 64), np.int32)
+    quantize_rows_q8_k(x, xq, xd, sums)
+    for t in range(3):
+        for b in range(4):
+            q, d, bsums = _q8_k_reference(x[t, 256 * b:256 * (b + 1)])
+            assert xd[t, b] == d, (t, b)
+            if np.isnan(x[t, 256 * b:256 * (b + 1)]).any():
+                continue                          # q of a NaN is undefined in both
+            np.testing.assert_array_equal(xq[t, 256 * b:256 * (b + 1)], q)
+            np.testing.assert_array_equal(sums[t, 16 * b:16 * (b + 1)], bsums)
+    assert xd[0, 0] > 0 and xd[2, 1] == np.float32(1.0) / (np.float32(-127.0) / np.float32(50.0))
 
 
 def test_rms_norm_silu_and_add():
