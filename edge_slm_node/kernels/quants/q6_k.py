@@ -23,7 +23,7 @@ from numba import njit
 
 from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
-from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
+from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int, wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
@@ -130,27 +130,50 @@ def _group_one(w, xq, xd, bsums, out, t, col):
 
 
 @njit(cache=True, inline="always")
-def _dots4(rows, v0, v1, v2, v3, x, x_at, s0, s1, s2, s3):
-    """One token's sum over 4 vectors (v_k . x[x_at + 32k..]) times their scales -> I32x8 (I32x16
-    for a pair of groups, row_pairs)."""
-    s = dot_pairs_i16(dot_pairs_u8_i8(v0, like_rows(broadcast_i8x4(x, x_at), rows)), s0)
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, like_rows(broadcast_i8x4(x, x_at + 32), rows)), s1))
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, like_rows(broadcast_i8x4(x, x_at + 64), rows)), s2))
-    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, like_rows(broadcast_i8x4(x, x_at + 96), rows)), s3))
+def _six_bits(rows, at):
+    """The 6-bit values (0..63) of one lane of one half, chunks at byte `at` of each group: its
+    4 vectors' 4 weights for 8 rows (I8x32 each; I8x64 for a pair of groups, row_pairs)."""
+    low, high, bits = rows_chunk(rows, at), rows_chunk(rows, at + 32), rows_chunk(rows, at + 64)
+    return (bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4)),
+            bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2)),
+            bits_or(high_nibbles(low), mask_bits(bits, 48)),
+            bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2)))
 
 
 @njit(cache=True, inline="always")
-def _half4(rows, at, x0, x1, x2, x3, x_at, s0, s1, s2, s3):
-    """_half for 4 tokens and a group or a pair of groups: the 6-bit values unpacked once."""
-    low, high, bits = rows_chunk(rows, at), rows_chunk(rows, at + 32), rows_chunk(rows, at + 64)
-    v0 = bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4))
-    v1 = bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2))
-    v2 = bits_or(high_nibbles(low), mask_bits(bits, 48))
-    v3 = bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2))
-    return (_dots4(rows, v0, v1, v2, v3, x0, x_at, s0, s1, s2, s3),
-            _dots4(rows, v0, v1, v2, v3, x1, x_at, s0, s1, s2, s3),
-            _dots4(rows, v0, v1, v2, v3, x2, x_at, s0, s1, s2, s3),
-            _dots4(rows, v0, v1, v2, v3, x3, x_at, s0, s1, s2, s3))
+def _dot4_tokens(rows, acc, v, x0, x1, x2, x3, x_at):
+    """acc (4 tokens' I32 vectors) + v . each token's 4 activations at x_at (vpdpbusd)."""
+    return (dot4_acc(acc[0], v, like_rows(broadcast_i8x4(x0, x_at), rows)),
+            dot4_acc(acc[1], v, like_rows(broadcast_i8x4(x1, x_at), rows)),
+            dot4_acc(acc[2], v, like_rows(broadcast_i8x4(x2, x_at), rows)),
+            dot4_acc(acc[3], v, like_rows(broadcast_i8x4(x3, x_at), rows)))
+
+
+@njit(cache=True, inline="always")
+def _add_scaled(s, acc, scale):
+    """s + acc * scale for 4 tokens (exact: |acc| <= 16 * 63 * 128, |scale| <= 128)."""
+    return (add(s[0], mul_i32(acc[0], scale)), add(s[1], mul_i32(acc[1], scale)),
+            add(s[2], mul_i32(acc[2], scale)), add(s[3], mul_i32(acc[3], scale)))
+
+
+@njit(cache=True, inline="always")
+def _scaled_quarter(rows, base, half, side, s, x0, x1, x2, x3, x_at):
+    """s (4 tokens) + the 4 vectors of `half` over lanes 4*side..4*side+3, each vector's dots
+    times its scale sc[2 * (4 * half + k) + side] (those 16 weights share it)."""
+    zero = like_rows(zeros_i32x8(), rows)
+    a0 = a1 = a2 = a3 = (zero, zero, zero, zero)       # per vector k, 4 tokens
+    for lane in range(4 * side, 4 * side + 4):
+        v0, v1, v2, v3 = _six_bits(rows, base + _LANES + 192 * lane + 96 * half)
+        at = x_at + 4 * lane
+        a0 = _dot4_tokens(rows, a0, v0, x0, x1, x2, x3, at)
+        a1 = _dot4_tokens(rows, a1, v1, x0, x1, x2, x3, at + 32)
+        a2 = _dot4_tokens(rows, a2, v2, x0, x1, x2, x3, at + 64)
+        a3 = _dot4_tokens(rows, a3, v3, x0, x1, x2, x3, at + 96)
+    scales = base + _SCALES + 8 * (8 * half + side)         # scale index 2 * (4 * half + k) + side
+    s = _add_scaled(s, a0, rows_i8x8_as_i32(rows, scales))
+    s = _add_scaled(s, a1, rows_i8x8_as_i32(rows, scales + 16))
+    s = _add_scaled(s, a2, rows_i8x8_as_i32(rows, scales + 32))
+    return _add_scaled(s, a3, rows_i8x8_as_i32(rows, scales + 48))
 
 
 @njit(cache=True, inline="always")
@@ -162,46 +185,35 @@ def _offset(rows, base, sums, b, m):
 
 
 @njit(cache=True, inline="always")
-def _half_scales(rows, base, half):
-    """The scales e0..e7 of _lane for the lanes 4*half..4*half+3: sc[half], sc[2+half], ..., sc[14+half]."""
-    return (_scales(rows, base, half), _scales(rows, base, 2 + half),
-            _scales(rows, base, 4 + half), _scales(rows, base, 6 + half),
-            _scales(rows, base, 8 + half), _scales(rows, base, 10 + half),
-            _scales(rows, base, 12 + half), _scales(rows, base, 14 + half))
-
-
-@njit(cache=True, inline="always")
-def _lane4(rows, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e):
-    """_lane for 4 tokens (activations x0..x3, 16-value sums u0..u3), the 6-bit values unpacked once;
-    e: _half_scales of the lane's half -> 4 x I32x8 (I32x16 for a pair of groups)."""
-    at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
-    p0, p1, p2, p3 = _half4(rows, at, x0, x1, x2, x3, x_at, e[0], e[1], e[2], e[3])
-    q0, q1, q2, q3 = _half4(rows, at + 96, x0, x1, x2, x3, x_at + 128, e[4], e[5], e[6], e[7])
-    m = 2 * lane
-    return (sub_int(add(p0, q0), _offset(rows, base, u0, b, m)), sub_int(add(p1, q1), _offset(rows, base, u1, b, m)),
-            sub_int(add(p2, q2), _offset(rows, base, u2, b, m)), sub_int(add(p3, q3), _offset(rows, base, u3, b, m)))
+def _offsets(rows, base, sums, b):
+    """32 * sum over the 16 scales m of sc[m] * bsum[m]: the -32 of every weight, for one token."""
+    total = _offset(rows, base, sums, b, 0)
+    for m in range(2, 16, 2):
+        total = add(total, _offset(rows, base, sums, b, m))
+    return total
 
 
 @njit(cache=True)
 def _group_tiled4(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     """A packed Q6_K group, or a pair of them (row_pairs), x tokens t0, t1, t2, t3 of calls with >= 8
-    tokens -> dest, the tiled matmul's order; the weights are unpacked once for the 4 tokens."""
+    tokens -> dest, the tiled matmul's order: per super-block the exact integer S (any order
+    gives it) as 16-weight dots by vpdpbusd, summed 4 lanes at a time before their scale."""
     a0 = a1 = a2 = a3 = like_rows(zeros_f32x8(), rows)
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
-    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        s0 = s1 = s2 = s3 = like_rows(zeros_i32x8(), rows)
+        s = (sub_int(like_rows(zeros_i32x8(), rows), _offsets(rows, base, bsums[t0], b)),
+             sub_int(like_rows(zeros_i32x8(), rows), _offsets(rows, base, bsums[t1], b)),
+             sub_int(like_rows(zeros_i32x8(), rows), _offsets(rows, base, bsums[t2], b)),
+             sub_int(like_rows(zeros_i32x8(), rows), _offsets(rows, base, bsums[t3], b)))
         for half in range(2):
-            e = _half_scales(rows, base, half)
-            for lane in range(4 * half, 4 * half + 4):
-                c0, c1, c2, c3 = _lane4(rows, base, x0, x1, x2, x3, u0, u1, u2, u3, b, lane, e)
-                s0, s1, s2, s3 = add(s0, c0), add(s1, c1), add(s2, c2), add(s3, c3)
+            for side in range(2):
+                s = _scaled_quarter(rows, base, half, side, s, x0, x1, x2, x3, b * 256 + 128 * half)
         d = rows_halves(rows, base)
-        a0 = fma(mul(to_f32(s0), d), like_rows(splat_f32(xd[t0, b]), rows), a0)
-        a1 = fma(mul(to_f32(s1), d), like_rows(splat_f32(xd[t1, b]), rows), a1)
-        a2 = fma(mul(to_f32(s2), d), like_rows(splat_f32(xd[t2, b]), rows), a2)
-        a3 = fma(mul(to_f32(s3), d), like_rows(splat_f32(xd[t3, b]), rows), a3)
+        a0 = fma(mul(to_f32(s[0]), d), like_rows(splat_f32(xd[t0, b]), rows), a0)
+        a1 = fma(mul(to_f32(s[1]), d), like_rows(splat_f32(xd[t1, b]), rows), a1)
+        a2 = fma(mul(to_f32(s[2]), d), like_rows(splat_f32(xd[t2, b]), rows), a2)
+        a3 = fma(mul(to_f32(s[3]), d), like_rows(splat_f32(xd[t3, b]), rows), a3)
     store_rows(dest, t0, a0)
     store_rows(dest, t1, a1)
     store_rows(dest, t2, a2)
