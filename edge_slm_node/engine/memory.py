@@ -24,6 +24,20 @@ def resident_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def resident_by_mapping(pid="self") -> dict:
+    """KiB resident per mapping name of a process ("[anon]" for unnamed ones), from /proc/PID/smaps."""
+    totals: dict = {}
+    name = "[anon]"
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and ":" not in fields[0]:
+                name = fields[5] if len(fields) > 5 else "[anon]"
+            elif fields[0] == "Rss:":
+                totals[name] = totals.get(name, 0) + int(fields[1])
+    return totals
+
+
 def release_free_heap() -> bool:
     """Give the C heap's free pages back to the OS (glibc malloc_trim(0), every arena).
 

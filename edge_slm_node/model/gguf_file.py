@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,12 @@ class GGUFFile:
         row_bytes = info.shape[0] // info.quant.block_size * info.quant.type_size
         return flat.reshape(-1, row_bytes)
 
+    def row_reader(self, name: str) -> "TensorRowReader":
+        """Rows of one tensor read from the file with pread (see TensorRowReader)."""
+        info = self.tensors[name]
+        row_bytes = info.shape[0] // info.quant.block_size * info.quant.type_size
+        return TensorRowReader(self.path, self.data_start + info.offset, row_bytes, info.num_bytes // row_bytes)
+
     def advise_willneed(self) -> None:
         """Ask the kernel to read the whole file ahead (weights are touched on every token)."""
         if hasattr(self._mmap, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
@@ -128,3 +135,28 @@ class GGUFFile:
         if key not in self.metadata:
             raise GGUFError(f"{self.path}: metadata key {key!r} missing")
         return self.metadata[key]
+
+
+class TensorRowReader:
+    """Reads chosen rows of a tensor with pread(2) instead of through the mapping.
+
+    A row looked up through the mapping faults its page (and the pages around it) into this
+    process: RSS grows with every token id seen for the first time, up to the whole tensor. pread
+    copies from the page cache and maps nothing: the token embedding costs no resident memory and
+    no page fault, whatever ids come."""
+
+    def __init__(self, path: str, start: int, row_bytes: int, num_rows: int):
+        # the file as opened now, like the mapping (a model file replaced on disk is not read);
+        # the descriptor is closed when this object is collected
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, self._fd)
+        self.path, self.start, self.row_bytes, self.num_rows = path, start, row_bytes, num_rows
+
+    def read(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """out[k] = row rows[k] for every k; out: (len(rows), row_bytes) uint8, C-contiguous."""
+        for k, row in enumerate(rows.tolist()):
+            if not 0 <= row < self.num_rows:
+                raise IndexError(f"row {row} of a tensor with {self.num_rows} rows")
+            got = os.preadv(self._fd, [out[k]], self.start + row * self.row_bytes)
+            if got != self.row_bytes:
+                raise OSError(f"{self.path}: short read of row {row}: {got} of {self.row_bytes} bytes")

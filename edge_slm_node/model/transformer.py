@@ -161,8 +161,12 @@ class Transformer:
         # A tied Q8_0 embedding is read from the output head's packed rows: the repack released
         # the file pages of the GGUF copy, and each new token id would page-fault on them.
         self.embedding_from_head = weights.embedding_quant is Q8_0 and weights.output.raw is weights.embedding_raw
-        # Otherwise the type's GGUF-layout row lookup (Q8_0, Q5_0, Q5_1, the K-quants), else NumPy.
+        # Otherwise the type's GGUF-layout row lookup (Q8_0, Q5_0, Q5_1, the K-quants), else NumPy, on
+        # rows read from the file into a staging buffer (gguf_file.TensorRowReader: no page faults).
         self.embed_rows = getattr(weights.embedding_quant.kernels, "embed_rows", None)
+        self.embedding_staging = guards.zeros("embedding rows", (0 if self.embedding_from_head else t,
+                                                                 weights.embedding_raw.shape[1]), np.uint8)
+        self.staged_rows = np.arange(t, dtype=np.int32)
 
     def _rope_base(self, layer: int) -> float:
         c = self.config
@@ -179,8 +183,8 @@ class Transformer:
                        *layer.tails, *layer.part_ends, layer.q_norm, layer.k_norm, layer.post_attn_norm,
                        layer.post_ffn_norm]
         c = self.consts
-        arrays += [*self.buffers, self.logits, self.final_normed, c.attention_work, c.kv_row, c.kv_bits, c.gelu_table,
-                   *self.calls, self.prompt_order]
+        arrays += [*self.buffers, self.embedding_staging, self.logits, self.final_normed, c.attention_work, c.kv_row,
+                   c.kv_bits, c.gelu_table, *self.calls, self.prompt_order]
         arrays += [table for pair in self.rope_tables.values() for table in pair]
         for scratch in (*self.inputs, self.head_input):
             arrays += list(scratch)
@@ -190,10 +194,16 @@ class Transformer:
         w = self.weights
         if self.embedding_from_head:
             gather_rows(w.output.packed, w.output.tail, token_ids, out)
-        elif self.embed_rows is not None:
-            self.embed_rows(w.embedding_raw, token_ids, out)
         else:
-            out[:] = w.embedding_quant.dequantize(w.embedding_raw[token_ids])
+            rows = self.embedding_staging[:token_ids.shape[0]]
+            if w.embedding_rows is not None:
+                w.embedding_rows.read(token_ids, rows)
+            else:
+                rows[:] = w.embedding_raw[token_ids]
+            if self.embed_rows is not None:
+                self.embed_rows(rows, self.staged_rows[:token_ids.shape[0]], out)
+            else:
+                out[:] = w.embedding_quant.dequantize(rows)
         if self.embedding_scale != 1.0:                 # gemma3: ggml_scale by sqrtf(hidden)
             ops.scale_in_place(out, self.embedding_scale)
 

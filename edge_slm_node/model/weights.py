@@ -8,7 +8,7 @@ import numpy as np
 
 from ..kernels.quants import F32, QuantType
 from .config import ModelConfig
-from .gguf_file import GGUFError, GGUFFile
+from .gguf_file import GGUFError, GGUFFile, TensorRowReader
 from .linear import Linear
 from .load_progress import no_progress
 
@@ -45,6 +45,7 @@ class ModelWeights:
     output: Linear        # (vocab, hidden); token_embd when tied
     layers: list
     rope_freqs: Optional[np.ndarray] = None   # (rotary_dims/2,) f32: Llama 3.x RoPE frequency factors
+    embedding_rows: Optional[TensorRowReader] = None   # reads embedding_raw's rows from the file (pread)
 
     def layer_linears(self) -> list:
         """Every layer's weight matrices (q, k, v, o, gate, up, down of each layer, in order)."""
@@ -140,4 +141,5 @@ def load_weights(gguf: GGUFFile, config: ModelConfig, progress=no_progress) -> M
         output=output,
         layers=layers,
         rope_freqs=_optional_vector(gguf, "rope_freqs.weight", config.rotary_dims // 2),
+        embedding_rows=gguf.row_reader("token_embd.weight"),
     )

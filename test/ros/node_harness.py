@@ -62,20 +62,6 @@ class NodeProcess:
         return time.monotonic() - started
 
 
-def resident_by_mapping(pid: int) -> dict:
-    """KiB resident per mapping name of process pid ("[anon]" for unnamed ones), from /proc/PID/smaps."""
-    totals: dict = {}
-    name = "[anon]"
-    with open(f"/proc/{pid}/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and ":" not in fields[0]:
-                name = fields[5] if len(fields) > 5 else "[anon]"
-            elif fields[0] == "Rss:":
-                totals[name] = totals.get(name, 0) + int(fields[1])
-    return totals
-
-
 def grown_mappings(before: dict, after: dict, top: int = 8) -> str:
     """The mappings whose resident size grew most between two resident_by_mapping() readings."""
     grown = sorted(((after.get(k, 0) - before.get(k, 0), k) for k in set(before) | set(after)), reverse=True)

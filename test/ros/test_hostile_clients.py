@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from node_harness import grown_mappings, resident_by_mapping, running_node
+from edge_slm_node.engine.memory import resident_by_mapping
+from node_harness import grown_mappings, running_node
 
 HOSTILE = Path(__file__).with_name("hostile_client.py")
 
