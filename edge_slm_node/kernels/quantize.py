@@ -37,7 +37,7 @@ def _largest_magnitude(row, start, count):
     for j in range(count):
         if abs(row[start + j]) == amax:
             return amax, row[start + j]
-    return amax, amax
+    return amax, amax                   # not reached: some value has the largest magnitude
 
 
 @njit(cache=True, nogil=True)
