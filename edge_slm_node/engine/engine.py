@@ -82,6 +82,7 @@ class Engine:
         self._lock = threading.RLock()
         self._forward_done = threading.Condition(self._lock)
         self._in_forward: set[str] = set()
+        self._calls_waiting = 0                 # session calls waiting for a forward pass to end
         progress("kernels", 0, 1)               # loaded from numba's cache by their first calls
         self.runner.warm_up(self.kv)
         progress("kernels", 1, 1)
@@ -119,6 +120,8 @@ class Engine:
     def step(self) -> bool:
         """One scheduling round; -> whether the model ran."""
         with self._lock:
+            while self._calls_waiting:          # they go first, or a busy session would starve them
+                self._forward_done.wait()
             plan = self.scheduler.schedule()
             for rejected in plan.rejected:
                 self.post.finish(rejected.request, rejected.reason, rejected.error)
@@ -305,7 +308,12 @@ class Engine:
             session.authorize(owner_key)
             if session_id not in self._in_forward:
                 return session
-            self._forward_done.wait()
+            self._calls_waiting += 1
+            try:
+                self._forward_done.wait()
+            finally:
+                self._calls_waiting -= 1
+                self._forward_done.notify_all()
 
     def _cancel_all(self, session: Session, why: str) -> int:
         active = self.scheduler.active(session.session_id)

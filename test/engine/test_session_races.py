@@ -94,6 +94,31 @@ def test_recreated_session_is_not_freed_by_a_stale_call(make_engine):
     assert_pool_consistent(engine)
 
 
+@pytest.mark.parametrize("call", ["cancel", "reset_session", "destroy_session"])
+def test_a_session_call_waits_for_one_forward_pass_not_for_the_answer(make_engine, call):
+    """A stepper looping on a decoding session must let a waiting call in after the pass it is in:
+    the lock alone is not fair, and the call could wait out all 400 tokens."""
+    engine = make_engine(kv_pool_mb=16)
+    stop = threading.Event()
+    stepper = _step_in_background(engine, stop)
+    try:
+        for attempt in range(5):
+            request = engine.submit("busy", "Count to one hundred.", LONG, create_if_missing=True)
+            while len(request.generated_ids) < 2:
+                threading.Event().wait(0.002)
+            steps_before = engine.steps
+            getattr(engine, call)("busy")
+            assert engine.steps - steps_before <= 2, (call, engine.steps - steps_before)
+            assert request.done and request.finish_reason.value == "cancelled"
+            assert len(request.generated_ids) < LONG.max_new_tokens
+    finally:
+        stop.set()
+        stepper.join(10)
+    if "busy" in engine.sessions:
+        engine.destroy_session("busy")
+    assert_pool_consistent(engine)
+
+
 def test_rejected_first_command_leaves_no_session(make_engine):
     engine = make_engine()
     with pytest.raises(InvalidRequestError):
