@@ -23,7 +23,10 @@ def held_paths() -> set:
                 except OSError:
                     pass
             with open(f"/proc/{pid}/maps") as maps:
-                held.update(line.split(maxsplit=5)[5].strip() for line in maps if len(line.split(maxsplit=5)) == 6)
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6:                # the sixth field is the mapped path, if any
+                        held.add(fields[5].strip())
         except OSError:
             continue
     return held
