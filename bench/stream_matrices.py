@@ -1,0 +1,77 @@
+"""Decode-step matmuls per matrix kind, weights streamed from memory: GB/s of each kind's kernel.
+
+    python bench/stream_matrices.py [--model PATH_OR_NAME] [--rounds 9]
+
+For each kind (q, k, v, o, gate, up, down, and the output head) the matrices of every layer are
+run one after the other for one token (T=1, matmul_serial on this thread), so a kind's weights
+stream from memory as in a real decode step (a layer's matrices each fit the L3; a kind's
+28 together do not, except the smallest). Timed by this thread's CPU time (steadier on a
+shared VM), median over rounds after the first, kinds alternating within a round. Compare
+with bench_matmul.py's rows for one matrix (its weights stay cache-resident between calls)
+and bench_bandwidth.py (what one thread can read) to tell a kernel that computes too slowly
+from one that does not overlap its loads with its work.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from edge_slm_node.kernels.quants.common import new_scratch  # noqa: E402
+from edge_slm_node.model.loader import load_model  # noqa: E402
+
+KINDS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def serial_pass(matrices, rng):
+    """A function running each matrix once on its own random token, in order."""
+    calls = []
+    for matrix in matrices:
+        x = rng.standard_normal((1, matrix.in_features)).astype(np.float32)
+        scratch = new_scratch(1, matrix.in_features, set(matrix.scratch_slots))
+        calls.append((matrix, x, scratch, np.zeros((1, matrix.out_features), np.float32)))
+
+    def run():
+        for matrix, x, scratch, out in calls:
+            matrix.apply(x, scratch, out, False)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="")
+    parser.add_argument("--rounds", type=int, default=9)
+    args = parser.parse_args()
+    model = load_model(args.model)
+    rng = np.random.default_rng(0)
+    kinds = {kind: [getattr(layer, kind) for layer in model.weights.layers] for kind in KINDS}
+    kinds["head"] = [model.weights.output]
+    passes = {kind: serial_pass(matrices, rng) for kind, matrices in kinds.items()}
+    samples = {kind: [] for kind in kinds}
+    for _ in range(args.rounds):
+        for kind, run in passes.items():
+            started = time.thread_time()
+            run()
+            samples[kind].append(time.thread_time() - started)
+    print(f"{model.path}, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'kind':<6} {'types':<12} {'calls':>5} {'MB':>8} {'ms':>8} {'GB/s':>6} {'us/call':>9}")
+    total_bytes = total_seconds = 0.0
+    for kind, matrices in kinds.items():
+        seconds = statistics.median(samples[kind][1:] or samples[kind])
+        nbytes = sum(m.nbytes for m in matrices)
+        types = ",".join(sorted({m.quant.name for m in matrices}))
+        total_bytes, total_seconds = total_bytes + nbytes, total_seconds + seconds
+        print(f"{kind:<6} {types:<12} {len(matrices):>5} {nbytes / 1e6:>8.1f} {seconds * 1e3:>8.2f} "
+              f"{nbytes / seconds / 1e9:>6.1f} {seconds / len(matrices) * 1e6:>9.1f}")
+    print(f"{'all':<6} {'':<12} {'':>5} {total_bytes / 1e6:>8.1f} {total_seconds * 1e3:>8.2f} "
+          f"{total_bytes / total_seconds / 1e9:>6.1f}")
+
+
+if __name__ == "__main__":
+    main()
