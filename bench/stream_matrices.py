@@ -23,23 +23,19 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from edge_slm_node.kernels.quants.common import new_scratch  # noqa: E402
+from bench_matmul import call_of  # noqa: E402  (x, scratch and output of one matrix)
 from edge_slm_node.model.loader import load_model  # noqa: E402
 
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def serial_pass(matrices, rng):
-    """A function running each matrix once on its own random token, in order."""
-    calls = []
-    for matrix in matrices:
-        x = rng.standard_normal((1, matrix.in_features)).astype(np.float32)
-        scratch = new_scratch(1, matrix.in_features, set(matrix.scratch_slots))
-        calls.append((matrix, x, scratch, np.zeros((1, matrix.out_features), np.float32)))
+    """A function running each matrix once on its own random token (matmul_serial), in order."""
+    calls = [call_of(matrix, 1, False, rng)[0] for matrix in matrices]
 
     def run():
-        for matrix, x, scratch, out in calls:
-            matrix.apply(x, scratch, out, False)
+        for call in calls:
+            call()
     return run
 
 
