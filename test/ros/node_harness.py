@@ -68,6 +68,44 @@ def grown_mappings(before: dict, after: dict, top: int = 8) -> str:
     return ", ".join(f"{name} {kib / 1024:+.1f} MiB" for kib, name in grown[:top] if kib)
 
 
+class PersistentCall:
+    """One session-service call, re-sent every retry_after_s until a copy is answered: a neighbour's
+    flood of the same service can lose a request or its reply in Fast DDS (README, Services), and
+    only the caller can notice. The first answer wins. A copy that is answered "already exists"
+    (create) or "unknown session" (destroy) after an earlier copy went unanswered means, for a
+    caller whose session ids are its own, that the earlier copy was applied."""
+
+    REAPPLIED = {"create_session": "already exists", "destroy_session": "unknown session"}
+
+    def __init__(self, client: "RosClient", name: str, retry_after_s: float, **fields):
+        self.client, self.name, self.retry_after_s = client, name, retry_after_s
+        self.request = client.types[name].Request(**fields)
+        self.first_sent = time.monotonic()
+        self.futures = []
+        self._send()
+
+    def _send(self) -> None:
+        self.futures.append(self.client.services[self.name].call_async(self.request))
+        self.last_sent = time.monotonic()
+
+    @property
+    def resent(self) -> int:
+        return len(self.futures) - 1
+
+    def answer(self):
+        """The first copy's answer to arrive, None while none has (also re-sends when due)."""
+        done = [f for f in self.futures if f.done()]
+        if done:
+            return done[0].result()
+        if time.monotonic() - self.last_sent >= self.retry_after_s:
+            self._send()
+        return None
+
+    def applied(self, answer) -> bool:
+        """Did the node do what was asked (by this copy or an earlier one)?"""
+        return answer.success or (self.resent > 0 and self.REAPPLIED.get(self.name, "\0") in answer.message)
+
+
 class RosClient:
     """An rclpy node in a private context with helpers that spin until something happens."""
 
@@ -95,9 +133,10 @@ class RosClient:
         self.node.create_subscription(PoolStatus, "pool_status", self.pools.append, 100)
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self.diagnostics.append, 100)
         self.command_publisher = self.node.create_publisher(Command, "command", qos)
-        # keep-all replies: a service's answers reach every client of it, and a neighbour's flood of
-        # them would push ours out of a keep-last queue (README, "Hostile clients")
-        replies = QoSProfile(depth=100, history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
+        # a service's answers reach every client of it, taken one per executor wake-up: keep-last
+        # 1000, so that a neighbour's flood of them costs ours at worst a re-send (PersistentCall),
+        # where a full keep-all queue held the node's writer back for a minute (README, Services)
+        replies = QoSProfile(depth=1000, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE)
         self.services = {name: self.node.create_client(kind, name, qos_profile=replies) for name, kind in [
             ("create_session", CreateSession), ("destroy_session", DestroySession),
             ("reset_session", ResetSession), ("cancel_generation", CancelGeneration)]}
@@ -137,6 +176,13 @@ class RosClient:
         future = self.services[name].call_async(request)
         self.spin_until(future.done, REPLY_TIMEOUT_S, f"a {name} response")
         return future.result()
+
+    def call_persistently(self, name, retry_after_s, **fields):
+        """call(), re-sent every retry_after_s until answered (PersistentCall); -> (answer, applied)."""
+        call = PersistentCall(self, name, retry_after_s, **fields)
+        self.spin_until(lambda: call.answer() is not None, REPLY_TIMEOUT_S * 4, f"a {name} response")
+        answer = call.answer()
+        return answer, call.applied(answer)
 
     def send(self, session_id, text, request_id, **fields):
         self.command_publisher.publish(self.Command(session_id=session_id, request_id=request_id, text=text,

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from node_harness import REPO, running_node, write_params
+from node_harness import REPO, PersistentCall, running_node, write_params
 
 SYSTEM_PROMPT = "You are the assistant of CNC cell 3 (Haas VF-2). Units: mm. Answer briefly."
 
@@ -60,6 +60,24 @@ def test_two_sessions_stream_concurrently(node_client):
     assert all(ch.session_id == "a-1" for ch in first) and all(ch.session_id == "b-1" for ch in second)
     for sid in ("a-1", "b-1"):
         assert c.call("destroy_session", session_id=sid).success
+
+
+def test_re_sent_session_calls_are_applied_once(node_client):
+    """A client that re-sends an unanswered create or destroy (README, Services) changes the session
+    once; the other copies get the answers PersistentCall reads as "an earlier copy was applied"."""
+    c = node_client
+    baseline = c.latest_pool()
+    for name in ("create_session", "destroy_session"):
+        call = PersistentCall(c, name, retry_after_s=0.0, session_id="resent", owner_key="k")
+        for _ in range(3):                     # no answer can arrive before these copies are sent
+            call.answer()
+        assert call.resent >= 2
+        c.spin_until(lambda: all(f.done() for f in call.futures), 30, f"every copy of {name} answered")
+        answers = [f.result() for f in call.futures]
+        assert sum(a.success for a in answers) == 1, [a.message for a in answers]
+        assert all(call.applied(a) for a in answers), [a.message for a in answers]
+        assert [s.session_id for s in c.latest_pool().sessions].count("resent") == (name == "create_session")
+    assert c.wait_pool(lambda p: not p.sessions, "no session").used_blocks == baseline.used_blocks
 
 
 def test_bad_requests_get_clear_errors_and_node_keeps_serving(node_client):

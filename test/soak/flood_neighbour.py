@@ -5,7 +5,9 @@ handled it (a create is followed by a destroy of the same id: "destroyed" means 
 and whether the answer came late; then a JSON summary with the answered calls' times.
 
     . scripts/env.sh && .venv/bin/python test/soak/flood_neighbour.py [--bursts 4] [--generating 4]
-        [--reply-timeout-s 60] [--service-queue-depth 1000] [--rate-limit-hz 500]
+        [--reply-timeout-s 60] [--service-queue-depth 1000] [--rate-limit-hz 500] [--retry-after-s 10]
+With --retry-after-s an unanswered call is re-sent (test/ros/node_harness.py PersistentCall), as the
+README advises clients; "lost" then means no copy was answered.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "ros"))
 
-from node_harness import NodeProcess, RosClient, write_params   # noqa: E402
+from node_harness import NodeProcess, PersistentCall, RosClient, write_params   # noqa: E402
 
 HOSTILE = HERE.parent / "ros" / "hostile_client.py"
 
@@ -51,18 +53,19 @@ def burst(env: dict, index: int, seconds: float) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def call(client: RosClient, generators: Generators, name: str, session: str, timeout_s: float):
-    """One honest call, spinning (and keeping the generators busy) until answered; -> (future,
-    seconds it took, or None if no answer came within timeout_s)."""
-    future = client.services[name].call_async(client.types[name].Request(session_id=session, owner_key="honest"))
-    asked = time.monotonic()
-    spin_until(client, generators, future, timeout_s)
-    return future, (time.monotonic() - asked if future.done() else None)
+def call(client: RosClient, generators: Generators, name: str, session: str, timeout_s: float,
+         retry_after_s: float):
+    """One honest call, re-sent every retry_after_s unanswered, spinning (and keeping the generators
+    busy) until answered; -> (the call, seconds it took, or None if no copy was answered within
+    timeout_s)."""
+    persistent = PersistentCall(client, name, retry_after_s, session_id=session, owner_key="honest")
+    spin_until(client, generators, persistent, time.monotonic() + timeout_s)
+    answered = persistent.answer() is not None
+    return persistent, (time.monotonic() - persistent.first_sent if answered else None)
 
 
-def spin_until(client: RosClient, generators: Generators, future, timeout_s: float) -> None:
-    asked = time.monotonic()
-    while not future.done() and time.monotonic() - asked < timeout_s:
+def spin_until(client: RosClient, generators: Generators, persistent: PersistentCall, deadline: float) -> None:
+    while persistent.answer() is None and time.monotonic() < deadline:
         client.executor.spin_once(timeout_sec=0.02)
         generators.tend()
 
@@ -76,6 +79,8 @@ def main() -> int:
     parser.add_argument("--service-queue-depth", type=int, default=1000, help="the node's (replies kept)")
     parser.add_argument("--rate-limit-hz", type=float, default=500.0, help="the node's service_rate_limit_hz")
     parser.add_argument("--client-profile", default="", help="a Fast DDS XML profile for the honest client only")
+    parser.add_argument("--retry-after-s", type=float, default=float("inf"),
+                        help="re-send an honest call unanswered this long (default: never)")
     args = parser.parse_args()
     env = dict(os.environ)
     if args.client_profile:                   # read when this process creates its participant, below
@@ -86,7 +91,7 @@ def main() -> int:
                               service_queue_depth=args.service_queue_depth)
         node = NodeProcess(params, env)
         client = RosClient(node)
-        calls, lost, latencies = 0, [], []
+        calls, lost, latencies, resent = 0, [], [], []
         try:
             client.wait_ready()
             generators = Generators(client, args.generating)
@@ -97,20 +102,30 @@ def main() -> int:
                     name = "create_session" if i % 2 == 0 else "destroy_session"
                     session = f"honest-{index}-{i // 2}"
                     calls += 1
-                    future, took = call(client, generators, name, session, args.reply_timeout_s)
+                    persistent, took = call(client, generators, name, session, args.reply_timeout_s,
+                                            args.retry_after_s)
                     if took is not None:
                         latencies.append(took)
+                        if persistent.resent:
+                            answer = persistent.answer()
+                            resent.append({"burst": index, "call": name, "session": session, "took_s": round(took, 1),
+                                           "copies": len(persistent.futures), "applied": persistent.applied(answer),
+                                           "message": answer.message[:60]})
+                            print(f"answered after re-sending: {resent[-1]}", flush=True)
                     else:
                         lost.append({"burst": index, "call": name, "session": session})
                         print(f"no answer: {name} {session} (burst {index})", flush=True)
                         if name == "create_session":
                             # which side lost it: "destroyed" means the node handled the create
                             # and its reply went missing (or is late: waited for below)
-                            answer, _ = call(client, generators, "destroy_session", session, args.reply_timeout_s)
-                            lost[-1]["destroy_after"] = answer.result().message if answer.done() else "no answer"
+                            destroy, _ = call(client, generators, "destroy_session", session, args.reply_timeout_s,
+                                              args.retry_after_s)
+                            answer = destroy.answer()
+                            lost[-1]["destroy_after"] = answer.message if answer is not None else "no answer"
                             i += 1
-                        spin_until(client, generators, future, args.reply_timeout_s)
-                        lost[-1]["late_answer"] = future.done()
+                        # as long again for a late answer
+                        spin_until(client, generators, persistent, time.monotonic() + args.reply_timeout_s)
+                        lost[-1]["late_answer"] = persistent.answer() is not None
                         print(f"  {lost[-1]}", flush=True)
                     i += 1
                 flood.communicate()
@@ -119,7 +134,7 @@ def main() -> int:
             node.stop()
     latencies.sort()
     quantile = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 3) if latencies else None
-    print(json.dumps({"honest_calls": calls, "lost": lost, "answer_s": {"median": quantile(0.5), "p99": quantile(0.99),
+    print(json.dumps({"honest_calls": calls, "lost": lost, "answered_after_resending": resent, "answer_s": {"median": quantile(0.5), "p99": quantile(0.99),
                                                                       "max": quantile(1.0)}}))
     return 1 if lost else 0
 

@@ -7,8 +7,10 @@ processes, with the checks an operator cares about.
 Every drain (all sessions destroyed, hostile clients paused) checks used blocks == idle baseline;
 at the end: every honest and every hostile command got exactly one final chunk, every hostile
 service call an answer (except the slots and hung clients': they call faster than they read, and
-lose their own replies beyond service_queue_depth), the honest operators' calls answered meanwhile, the honest first-token times, the resident memory slope after warm-up,
-no traceback or error in the log.
+lose their own replies beyond service_queue_depth), every honest operator's service call answered
+(re-sent after RETRY_AFTER_S without an answer, as the README advises clients: a flood can lose a
+neighbour's call in the middleware; the report lists each re-sent call), the honest first-token
+times, the resident memory slope after warm-up, no traceback or error in the log.
 """
 from __future__ import annotations
 
@@ -27,13 +29,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "ros"))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from node_harness import NodeProcess, RosClient, write_params   # noqa: E402
+from node_harness import NodeProcess, PersistentCall, RosClient, write_params   # noqa: E402
 
 HOSTILE = HERE.parent / "ros" / "hostile_client.py"
 HOSTILE_MODES = ["race", "inject", "oversized", "flood", "slots", "hung"]
 UNREAD_MODES = {"slots", "hung"}   # call faster than they read: replies beyond service_queue_depth are theirs to lose
 HOSTILE_RUN_S = 15.0
 STALL_TIMEOUT_S = 300.0      # an operator still waiting this long before a drain is a stall
+RETRY_AFTER_S = 10.0         # an operator re-sends a session call unanswered this long (as the README advises)
 
 QUESTIONS = ["Why is spindle 2 alarming?", "Shut off valve three.", "What does G28 do?", "Home the Z axis.",
              "Alarm 108 after tool change: what now?", "Coolant pressure is 3 bar, is that low?",
@@ -48,17 +51,19 @@ class SoakClient:
         self.session = None
         self.key = f"key-{name}"         # honest operators own their sessions (hostile ones cannot touch them)
         self.pending = None              # (request_id, cancel_at) while a command runs
-        self.future = None               # a service call in flight
-        self.call = None                 # (service name, when called) of that call
+        self.call = None                 # the session-service call in flight (PersistentCall)
 
     def act(self, soak: "Soak") -> None:
         c = soak.client
-        if self.future is not None:
-            if self.future.done():
-                result = self.future.result()
-                if not result.success and "overloaded" in result.message:   # a hostile flood spent the rate limit
-                    soak.refused[self.call[0]] = soak.refused.get(self.call[0], 0) + 1
-                self.future, self.call = None, None
+        if self.call is not None:
+            answer = self.call.answer()
+            if answer is not None:
+                name = self.call.name
+                if not answer.success and "overloaded" in answer.message:   # a hostile flood spent the rate limit
+                    soak.refused[name] = soak.refused.get(name, 0) + 1
+                if self.call.resent:
+                    soak.resent_calls.append(soak.resent_record(self, answer))
+                self.call = None
             return
         if self.pending is not None:
             request_id, cancel_at = self.pending
@@ -88,8 +93,8 @@ class SoakClient:
 
     def start_call(self, soak: "Soak", name: str) -> None:
         """Call one of the session services on this operator's session, keyed."""
-        self.future = soak.call_async(name, session_id=self.session, owner_key=self.key)
-        self.call = (name, time.monotonic())
+        self.call = PersistentCall(soak.client, name, RETRY_AFTER_S, session_id=self.session, owner_key=self.key)
+        soak.honest_calls += 1
 
     def waiting_for(self, client: RosClient) -> dict:
         """What this operator still waits for (empty: nothing)."""
@@ -99,9 +104,9 @@ class SoakClient:
             if not any(ch.done for ch in chunks):
                 state["command"] = {"request_id": self.pending[0], "session": self.session,
                                     "chunks_seen": len(chunks), "last_seq": chunks[-1].seq if chunks else None}
-        if self.future is not None and not self.future.done():
-            state["service"] = {"name": self.call[0], "waited_s": round(time.monotonic() - self.call[1], 1),
-                                "session": self.session}
+        if self.call is not None and not any(f.done() for f in self.call.futures):
+            state["service"] = {"name": self.call.name, "waited_s": round(time.monotonic() - self.call.first_sent, 1),
+                                "copies_sent": len(self.call.futures), "session": self.session}
         return state
 
 
@@ -119,6 +124,8 @@ class Soak:
         self.hostile_runs: list[dict] = []
         self._hostile_ids = 100_000_000
         self.refused: dict[str, int] = {}   # honest calls answered "overloaded", by service
+        self.honest_calls = 0
+        self.resent_calls: list[dict] = []  # honest calls answered only after being re-sent
 
     def next_id(self) -> int:
         self._counter += 1
@@ -128,8 +135,13 @@ class Soak:
         """The owner key of an honest operator's session ("op3-10042"), "" for anyone else's."""
         return next((o.key for o in self.operators if session_id.startswith(o.name + "-")), "")
 
-    def call_async(self, name, **fields):
-        return self.client.services[name].call_async(self.client.types[name].Request(**fields))
+    def resent_record(self, operator: SoakClient, answer) -> dict:
+        call = operator.call
+        return {"t": round(time.monotonic() - self.started, 1), "operator": operator.name, "call": call.name,
+                "copies": len(call.futures), "answered_copy": next(i for i, f in enumerate(call.futures) if f.done()),
+                "waited_s": round(time.monotonic() - call.first_sent, 1), "applied": call.applied(answer),
+                "message": answer.message[:80],
+                "after_hostile": self.hostile_runs[-1]["mode"] if self.hostile_runs else None}
 
     def drain(self, baseline_used: int) -> None:
         """Let every operator finish, destroy all sessions, check the pool is back to its baseline."""
@@ -143,13 +155,15 @@ class Soak:
                                 "after_hostile": self.hostile_runs[-1]["mode"] if self.hostile_runs else None,
                                 "waiting": {name: state for name, state in waiting.items() if state}})
         for operator in self.operators:
-            operator.pending, operator.future, operator.call = None, None, None
+            operator.pending, operator.call = None, None
             if operator.session is not None:
-                c.call("destroy_session", session_id=operator.session, owner_key=operator.key)
+                c.call_persistently("destroy_session", RETRY_AFTER_S, session_id=operator.session,
+                                    owner_key=operator.key)
                 operator.session = None
         # what the hostile clients left behind, and honest sessions whose destroy was refused as overloaded
         for session in c.latest_pool().sessions:
-            c.call("destroy_session", session_id=session.session_id, owner_key=self.key_of(session.session_id))
+            c.call_persistently("destroy_session", RETRY_AFTER_S, session_id=session.session_id,
+                                owner_key=self.key_of(session.session_id))
         pool = c.wait_pool(lambda p: not p.sessions and p.queue_length == 0, "an empty pool after the drain", 60)
         self.drains.append({"t": time.monotonic(), "used_blocks": pool.used_blocks, "rss": pool.rss_bytes})
         assert pool.used_blocks == baseline_used, f"leak: {pool.used_blocks} used blocks, baseline {baseline_used}"
@@ -191,6 +205,7 @@ class Soak:
         ttfts.sort()
         return {"seconds": time.monotonic() - started, "requests": len(self.sent), "missing_final": missing,
                 "duplicate_final": duplicated, "stalls": self.stalls, "honest_refused_overloaded": self.refused,
+                "honest_calls": self.honest_calls, "honest_calls_resent": self.resent_calls,
                 "finish_reasons": reasons, "errors": errors, "drains": len(self.drains),
                 "honest_ttft_ms": {"median": statistics.median(ttfts) if ttfts else 0.0,
                                    "p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else 0.0,
