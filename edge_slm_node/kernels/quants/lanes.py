@@ -15,8 +15,11 @@ from ..simd import add, prefetch, to_f32
 from ..simd_int import (add_pairs_i16, broadcast_i16x2, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
                         high_nibbles, load_i8x16_as_i16, low_nibbles)
 
-# Decode (one token) streams the weights from memory: each block also prefetches the bytes
-# this far ahead (the next group, contiguous); measured ~1.3x on the whole decode pass.
+# Decode (one token) streams the weights from memory. Software prefetch of them (each block
+# asking for the bytes PREFETCH_BYTES ahead) once measured ~1.3x on the whole decode pass; on
+# the AMD EPYC hosts of 2026-12-03 the hardware prefetchers did better alone (1.5B: all of a
+# token's matmuls 1.20x, the two-thread decode step 1.12x faster without; README, speed), so off.
+PREFETCH_WEIGHTS = False
 PREFETCH_BYTES = 2048
 
 
@@ -55,9 +58,11 @@ def int8_lane(w, at, x16, x_at):
 
 @njit(cache=True, inline="always")
 def prefetch_lines(w, at, lines):
-    """Prefetch `lines` cache lines from w[at] on (past w's end is fine: prefetches never fault)."""
-    for i in range(lines):
-        prefetch(w, at + 64 * i)
+    """Prefetch `lines` cache lines from w[at] on if PREFETCH_WEIGHTS (past w's end is fine:
+    prefetches never fault)."""
+    if PREFETCH_WEIGHTS:
+        for i in range(lines):
+            prefetch(w, at + 64 * i)
 
 
 
