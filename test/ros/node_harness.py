@@ -93,7 +93,7 @@ class PersistentCall:
         return len(self.futures) - 1
 
     def answer(self):
-        """The first copy's answer to arrive, None while none has (also re-sends when due)."""
+        """The answer of the first copy found answered, None while none is (also re-sends when due)."""
         done = [f for f in self.futures if f.done()]
         if done:
             return done[0].result()
@@ -134,8 +134,9 @@ class RosClient:
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self.diagnostics.append, 100)
         self.command_publisher = self.node.create_publisher(Command, "command", qos)
         # a service's answers reach every client of it, taken one per executor wake-up: keep-last
-        # 1000, so that a neighbour's flood of them costs ours at worst a re-send (PersistentCall),
-        # where a full keep-all queue held the node's writer back for a minute (README, Services)
+        # 1000, so that a neighbour's flood of them costs ours at worst a re-send (PersistentCall);
+        # read keep-all, answers to calls the node handled at once were missing after a minute
+        # (README, Services)
         replies = QoSProfile(depth=1000, history=HistoryPolicy.KEEP_LAST, reliability=ReliabilityPolicy.RELIABLE)
         self.services = {name: self.node.create_client(kind, name, qos_profile=replies) for name, kind in [
             ("create_session", CreateSession), ("destroy_session", DestroySession),
