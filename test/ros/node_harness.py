@@ -92,11 +92,15 @@ class PersistentCall:
     def resent(self) -> int:
         return len(self.futures) - 1
 
+    def answered_copy(self):
+        """The index of the first copy found answered, None while none is."""
+        return next((i for i, f in enumerate(self.futures) if f.done()), None)
+
     def answer(self):
-        """The answer of the first copy found answered, None while none is (also re-sends when due)."""
-        done = [f for f in self.futures if f.done()]
-        if done:
-            return done[0].result()
+        """That copy's answer, None while none is answered (also re-sends when due)."""
+        answered = self.answered_copy()
+        if answered is not None:
+            return self.futures[answered].result()
         if time.monotonic() - self.last_sent >= self.retry_after_s:
             self._send()
         return None

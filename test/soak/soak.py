@@ -104,7 +104,7 @@ class SoakClient:
             if not any(ch.done for ch in chunks):
                 state["command"] = {"request_id": self.pending[0], "session": self.session,
                                     "chunks_seen": len(chunks), "last_seq": chunks[-1].seq if chunks else None}
-        if self.call is not None and not any(f.done() for f in self.call.futures):
+        if self.call is not None and self.call.answered_copy() is None:
             state["service"] = {"name": self.call.name, "waited_s": round(time.monotonic() - self.call.first_sent, 1),
                                 "copies_sent": len(self.call.futures), "session": self.session}
         return state
@@ -138,7 +138,7 @@ class Soak:
     def resent_record(self, operator: SoakClient, answer) -> dict:
         call = operator.call
         return {"t": round(time.monotonic() - self.started, 1), "operator": operator.name, "call": call.name,
-                "copies": len(call.futures), "answered_copy": next(i for i, f in enumerate(call.futures) if f.done()),
+                "copies": len(call.futures), "answered_copy": call.answered_copy(),
                 "waited_s": round(time.monotonic() - call.first_sent, 1), "applied": call.applied(answer),
                 "message": answer.message[:80],
                 "after_hostile": self.hostile_runs[-1]["mode"] if self.hostile_runs else None}
