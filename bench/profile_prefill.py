@@ -20,7 +20,6 @@ import time
 
 import numba
 import numpy as np
-from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -29,16 +28,10 @@ from edge_slm_node.engine.config import EngineConfig            # noqa: E402
 from edge_slm_node.engine.engine import Engine                  # noqa: E402
 from edge_slm_node.engine.sampling import SamplingParams        # noqa: E402
 from edge_slm_node.kernels import ops                           # noqa: E402
-from edge_slm_node.kernels.layers import matmul_table           # noqa: E402
-from edge_slm_node.kernels.quants.common import MATMUL_SIGNATURE, new_scratch   # noqa: E402
+from edge_slm_node.kernels.quants.common import new_scratch     # noqa: E402
 from edge_slm_node.kernels.quantize import quantize_rows_q8_k         # noqa: E402
 from edge_slm_node.model.linear import FusedLinear              # noqa: E402
-
-
-@njit(MATMUL_SIGNATURE, cache=True, nogil=True)
-def no_matmul(packed, tail, part_ends, x, scratch, outs):
-    """Stands in for every matmul kernel: does nothing."""
-    pass
+from skip_matmuls import skipping_table                         # noqa: E402
 
 
 def prefill_ms(engine, text) -> float:
@@ -127,7 +120,7 @@ def main():
     text = long_prompt(engine.tokenizer, args.tokens)
     transformer = engine.runner.transformer
     real = transformer.matmuls[True]
-    skipped = matmul_table([no_matmul] * len(real))
+    skipped = skipping_table(real)
     variants = {"full": real, "no matmuls": skipped}
     samples = {name: [] for name in variants}
     for table in variants.values():            # warm-up: compile, touch
