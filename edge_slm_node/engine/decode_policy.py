@@ -25,11 +25,15 @@ class DecodePolicy:
     trial re-measures another mode (the one tried longest ago); each trial that leaves the choice
     unchanged doubles that interval up to `max_explore_every`, a change of choice resets it. So the
     choice follows the machine's load (split needs every core; with another busy process one
-    thread is faster) at little cost once settled. `forced` fixes the mode, candidate or not (benchmarks;
-    it falls back to ONE_THREAD where it cannot run, see _possible); steps are recorded whatever the mode."""
+    thread is faster) at little cost once settled. The cap is low (32 steps) because loads come
+    and go: on a shared VM the team's steps slowed 1.5-2x for seconds at a time, one thread then
+    won, and with a cap of 256 a 128-token answer of the 1.5B ran 64 of its 127 steps on one thread
+    (median 68 ms) where the team's steps take 40-45 ms when the host is quiet. `forced` fixes the
+    mode, candidate or not (benchmarks; it falls back to ONE_THREAD where it cannot run, see
+    _possible); steps are recorded whatever the mode."""
 
     def __init__(self, window: int = 5, trials: int = 3, margin: float = 1.25, explore_every: int = 16,
-                 max_explore_every: int = 256):
+                 max_explore_every: int = 32):
         self.window = window
         self.trials = trials
         self.margin = margin

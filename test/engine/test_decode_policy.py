@@ -36,6 +36,17 @@ def test_one_sequence_picks_a_team_where_it_is_faster_and_leaves_it_when_a_core_
     assert later[-20:].count(ONE) >= 17
 
 
+def test_returns_to_the_team_soon_after_a_long_busy_spell():
+    policy = DecodePolicy()
+    run(policy, 1, {TEAM: 0.040, POOL: 0.060, ONE: 0.068}, 50, can_pool=True, can_team=True)
+    busy = run(policy, 1, {TEAM: 0.100, POOL: 0.090, ONE: 0.068}, 600, can_pool=True, can_team=True)
+    assert busy[-100:].count(ONE) >= 90
+    after = run(policy, 1, {TEAM: 0.040, POOL: 0.060, ONE: 0.068}, 160, can_pool=True, can_team=True)
+    back = after.index(TEAM)
+    assert back <= 3 * 32          # the other modes are re-tried every <= 32 steps (here the pool first, then the team)
+    assert after[back + 8:].count(TEAM) >= 0.9 * len(after[back + 8:])
+
+
 def test_one_sequence_picks_the_pool_where_it_is_faster_and_keeps_checking():
     policy = DecodePolicy(trials=3, explore_every=8)
     choices = run(policy, 1, {POOL: 0.012, ONE: 0.013}, 100, can_pool=True)
