@@ -72,8 +72,9 @@ def main():
     steps = timed_decode_steps(engine, names, params, before_timing=lambda: (instrument(), totals.clear()))
     count = len(steps)
     wall = sum(steps)
+    mode = args.mode + (", no matmuls" if args.no_matmuls else "")
     print(f"{engine.model.path}\n{count} decode steps, {args.sessions} session(s), {args.threads} threads, "
-          f"mode {args.mode}{', no matmuls' if args.no_matmuls else ''}: {1000 * wall / count:.2f} ms/step mean, {1000 * statistics.median(steps):.2f} median")
+          f"mode {mode}: {1000 * wall / count:.2f} ms/step mean, {1000 * statistics.median(steps):.2f} median")
     for label, seconds in sorted(totals.items(), key=lambda item: -item[1]):
         print(f"  {label:36s} {1000 * seconds / count:7.3f} ms")
     print(f"  {'python + scheduler':36s} {1000 * (wall - sum(totals.values())) / count:7.3f} ms")

@@ -43,7 +43,7 @@ def test_returns_to_the_team_soon_after_a_long_busy_spell():
     assert busy[-100:].count(ONE) >= 90
     after = run(policy, 1, {TEAM: 0.040, POOL: 0.060, ONE: 0.068}, 160, can_pool=True, can_team=True)
     back = after.index(TEAM)
-    assert back <= 3 * 32          # the other modes are re-tried every <= 32 steps (here the pool first, then the team)
+    assert back <= 3 * 32           # the others are re-tried every <= 32 steps (here the pool first, then the team)
     assert after[back + 8:].count(TEAM) >= 0.9 * len(after[back + 8:])
 
 
