@@ -24,7 +24,8 @@ class Vector(types.Type):
         super().__init__(name=f"Vector({kind}x{count})")
 
 
-_ELEMENT = {"i8": ir.IntType(8), "i16": ir.IntType(16), "i32": ir.IntType(32), "f32": ir.FloatType()}
+_ELEMENT = {"i8": ir.IntType(8), "i16": ir.IntType(16), "i32": ir.IntType(32), "i64": ir.IntType(64),
+            "f32": ir.FloatType()}
 
 
 @register_model(Vector)
@@ -34,6 +35,7 @@ class _VectorModel(models.PrimitiveModel):
 
 
 I8x32 = Vector("i8", 32)
+I8x64 = Vector("i8", 64)
 I16x16 = Vector("i16", 16)
 I32x8 = Vector("i32", 8)
 F32x8 = Vector("f32", 8)
@@ -195,6 +197,31 @@ def _half(first: bool):
         return Vector(v.kind, half)(v), codegen
     fn.__doc__ = f"The {'first' if first else 'second'} half of a vector's lanes (the inverse of concat)."
     return fn
+
+
+@intrinsic
+def each_twice(typingctx, v):
+    """F32x8 (v0..v7) -> F32x16 (v0, v0, v1, v1, ..., v7, v7)."""
+    if v != F32x8:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_I32, 16), [i // 2 for i in range(16)]))
+    return Vector("f32", 16)(v), codegen
+
+
+@intrinsic
+def even_plus_odd(typingctx, v):
+    """F32x16 -> F32x8, lane i = v[2i] + v[2i+1] (float32, rounded once)."""
+    if v != Vector("f32", 16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        mask = ir.VectorType(_I32, 8)
+        even = builder.shuffle_vector(args[0], args[0], ir.Constant(mask, list(range(0, 16, 2))))
+        odd = builder.shuffle_vector(args[0], args[0], ir.Constant(mask, list(range(1, 16, 2))))
+        return builder.fadd(even, odd)
+    return F32x8(v), codegen
 
 
 low_half = _half(True)

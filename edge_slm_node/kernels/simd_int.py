@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .simd import (I8x32, I16x16, I32x8, Vector, _I32, _const, _has_features, _is_byte_row, _pair_sums, _pointer,
+from .simd import (I8x32, I8x64, I16x16, I32x8, Vector, _I32, _const, _has_features, _is_byte_row, _pair_sums, _pointer,
                    _splat, _vec, _x86_call)
 
 
@@ -23,6 +23,31 @@ def load_i8x32(typingctx, arr, index):
         p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 32))
         return builder.load(p, align=1)
     return I8x32(arr, index), codegen
+
+
+@intrinsic
+def load_i8x64(typingctx, arr, index):
+    """arr[index:index+64] of a contiguous 1-D byte array -> I8x64."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 64))
+        return builder.load(p, align=1)
+    return I8x64(arr, index), codegen
+
+
+@intrinsic
+def broadcast_i8x8(typingctx, arr, index):
+    """arr[index:index+8] repeated 8 times -> I8x64 (its two 4-byte words alternating)."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(64)),
+                            align=1)
+        return builder.bitcast(_splat(builder, word, _vec("i64", 8)), _vec("i8", 64))
+    return I8x64(arr, index), codegen
 
 
 @intrinsic

@@ -262,7 +262,7 @@ def test_kernels_equal_llama_cpp_vec_dot(case):
 def _unpack(packed, tail, quant):
     """Inverse of the type's pack: packed groups + tail -> GGUF rows."""
     scale_bytes = {Q4_1: 4, Q4_0: 2, Q8_0: 2}[quant]
-    chunk = {Q4_1: 4, Q4_0: 4, Q8_0: 2}[quant]
+    chunk = {Q4_1: 8, Q4_0: 4, Q8_0: 2}[quant]
     size, rows = quant.type_size, ROWS_PER_GROUP
     blocks = packed.shape[1] // (rows * size)
     p = packed.reshape(packed.shape[0], blocks, rows * size)

@@ -2,31 +2,31 @@
 
 Nibble order (GGUF): byte j holds weight j in its low nibble and weight j+16 in its high one.
 Activations: Q8_1 (kernels/quantize.py: int8 q, f16-rounded d and s = d * sum(q) per 32).
-Packed layout (a group of 8 rows, per block, 160 bytes): d[8] f16 | m[8] f16 | 4 chunks c of
-32 bytes, row r's GGUF nibble bytes 4c..4c+3 (rows after the last full group stay in GGUF
-layout, the "tail"). Chunk c holds weights 4c..4c+3 (low nibbles) and 16+4c..16+4c+3 (high):
-exactly the 4-weight groups llama.cpp's AVX2 ggml_vec_dot_q4_1_q8_1 sums into one float
-lane, so lanes c and 4+c come from chunk c, and the result is bit-equal to llama.cpp's:
+Packed layout (a group of 8 rows, per block, 160 bytes): d[8] f16 | m[8] f16 | 2 chunks k of
+64 bytes, row r's GGUF nibble bytes 8k..8k+7 at 8r (rows after the last full group stay in GGUF
+layout, the "tail"). Each 4-byte word of a chunk holds one row's 4-weight group 2k+j (low
+nibbles, j = 0, 1) and 4+2k+j (high): exactly the groups llama.cpp's AVX2
+ggml_vec_dot_q4_1_q8_1 sums into one float lane, so the result is bit-equal to llama.cpp's:
     a_l = fma(d_w * d_x, isum_l, a_l) block after block;  summs = fma(m_w, s_x, summs)
     result = ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs
-One token (decode) runs blocks in order with all 9 accumulators in registers. Prefill takes
-tokens in tiles of 4 per weight load and, to keep 4 tokens' accumulators in registers, makes
-one pass over the blocks per lane pair (a_c, a_{4+c}) after one pass that stores d_w * d_x of
-every block in a scratch row and runs the summs chains: each lane's chain stays in block
-order, the group's weights stay in L1 between passes (measured: as fast as the one-token
-kernel per token when the weights stream from memory).
+A chunk's low (high) nibbles are one 16-lane vector: lane 2r+j is row r's lane 2k+j (4+2k+j),
+one vpdpbusd against the token's 8 activation bytes repeated, so a block is 4 such vectors per
+token and 8 rows; 4 tokens (a prompt's tiles, a decode step of 4+ sessions) share each
+chunk's load and unpacking, every token's lanes in registers.
 """
 import numpy as np
 from numba import njit
 
 from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_f32x8, load_halves_as_f32, mul, prefetch, splat_f32, store_f32x8, zeros_f32x8
-from ..simd_int import load_i8x32
+from ..simd import (add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, splat_f32, store_f32x8,
+                    to_f32, zeros_f32x8, zeros_i32x8)
+from ..simd_int import broadcast_i8x8, dot4_acc, high_nibbles, load_i8x64, low_nibbles
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, repack, rows_of, run_parallel, run_serial
-from .lanes import PREFETCH_BYTES, lane_sum, nibble_lanes, nibbles4, prefetch_lines, scale_at, vector_lane_sum
+from .lanes import PREFETCH_BYTES, lane_sum, nibbles4, prefetch_lines, scale_at
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "scales", "sums")
+BLOCK_BYTES = 160        # one block of a packed group
 
 
 def dequantize(blocks: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
 
 def pack(raw: np.ndarray) -> tuple:
     """GGUF rows (rows, nb*20) -> (packed groups, tail rows); see the layout above."""
-    return repack(raw, 20, 4, 4)
+    return repack(raw, 20, 4, 8)
 
 
 @njit(cache=True, inline="always")
@@ -50,79 +50,68 @@ def _prepare(x, scratch):
 
 
 @njit(cache=True, inline="always")
-def _lane_pair(w, x0, x1, x2, x3, scales, c):
-    """Lanes c and 4+c (chunk c) of 4 tokens (activation rows x0..x3) over all blocks, with
-    scales[32b + 8t:][:8] = d_w * d_x of block b, token t -> a_{4+c} + a_c per token."""
-    lo0 = lo1 = lo2 = lo3 = hi0 = hi1 = hi2 = hi3 = zeros_f32x8()
-    blocks = scales.shape[0] // 32
-    for b in range(blocks):
-        prefetch(w, (blocks + b) * 160 + 40 * c)     # next group (after w): its block b over the 4 passes
-        q = load_i8x32(w, b * 160 + 32 + 32 * c)
-        at, s = b * 32 + 4 * c, b * 32
-        low, high = nibble_lanes(q, x0, at)
-        dd = load_f32x8(scales, s)
-        lo0, hi0 = fma(dd, low, lo0), fma(dd, high, hi0)
-        low, high = nibble_lanes(q, x1, at)
-        dd = load_f32x8(scales, s + 8)
-        lo1, hi1 = fma(dd, low, lo1), fma(dd, high, hi1)
-        low, high = nibble_lanes(q, x2, at)
-        dd = load_f32x8(scales, s + 16)
-        lo2, hi2 = fma(dd, low, lo2), fma(dd, high, hi2)
-        low, high = nibble_lanes(q, x3, at)
-        dd = load_f32x8(scales, s + 24)
-        lo3, hi3 = fma(dd, low, lo3), fma(dd, high, hi3)
-    return add(hi0, lo0), add(hi1, lo1), add(hi2, lo2), add(hi3, lo3)
+def _lanes(nibble_bytes, x, at, dd, acc):
+    """acc + dd * (each 4-byte word of nibble_bytes . the word of x[at..at+7] it lines up with), F32x16."""
+    return fma(dd, to_f32(dot4_acc(concat(zeros_i32x8(), zeros_i32x8()), nibble_bytes, broadcast_i8x8(x, at))), acc)
+
+
+@njit(cache=True, inline="always")
+def _token_block(low0, low1, high0, high1, d_w, m_w, x, at, d_x, s_x, acc):
+    """One block of one token: acc (its lanes 0,1 | 2,3 | 4,5 | 6,7 of 8 rows as F32x16, summs
+    F32x8) updated with the block's unpacked chunks and d, m of the 8 rows (d_w each twice)."""
+    lanes01, lanes23, lanes45, lanes67, summs = acc
+    dd = mul(d_w, concat(splat_f32(d_x), splat_f32(d_x)))
+    return (_lanes(low0, x, at, dd, lanes01), _lanes(low1, x, at + 8, dd, lanes23),
+            _lanes(high0, x, at + 16, dd, lanes45), _lanes(high1, x, at + 24, dd, lanes67),
+            fma(m_w, splat_f32(s_x), summs))
+
+
+@njit(cache=True, inline="always")
+def _result(acc):
+    """llama.cpp's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs of 8 rows -> F32x8."""
+    lanes01, lanes23, lanes45, lanes67, summs = acc
+    return add(even_plus_odd(add(add(lanes45, lanes01), add(lanes67, lanes23))), summs)
+
+
+@njit(cache=True, inline="always")
+def _no_lanes():
+    zero = concat(zeros_f32x8(), zeros_f32x8())
+    return zero, zero, zero, zero, zeros_f32x8()
 
 
 @njit(cache=True)
-def _group(w, xq, xd, xs, out, t0, col, scales):
-    """8 rows (packed Q4_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]; scales: scratch (nb*32,) f32."""
+def _group(w, xq, xd, xs, out, t0, col):
+    """8 rows (packed Q4_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
-    d0, d1, d2, d3 = xd[t0], xd[t0 + 1], xd[t0 + 2], xd[t0 + 3]
-    m0, m1, m2, m3 = xs[t0], xs[t0 + 1], xs[t0 + 2], xs[t0 + 3]
-    s0 = s1 = s2 = s3 = zeros_f32x8()
-    for b in range(xd.shape[1]):                  # summs, and d_w * d_x once for the 4 lane-pair passes
-        m = load_halves_as_f32(w, b * 160 + 16)
-        s0 = fma(m, splat_f32(m0[b]), s0)
-        s1 = fma(m, splat_f32(m1[b]), s1)
-        s2 = fma(m, splat_f32(m2[b]), s2)
-        s3 = fma(m, splat_f32(m3[b]), s3)
-        d = load_halves_as_f32(w, b * 160)
-        store_f32x8(scales, b * 32, mul(d, splat_f32(d0[b])))
-        store_f32x8(scales, b * 32 + 8, mul(d, splat_f32(d1[b])))
-        store_f32x8(scales, b * 32 + 16, mul(d, splat_f32(d2[b])))
-        store_f32x8(scales, b * 32 + 24, mul(d, splat_f32(d3[b])))
-    p0, p1, p2, p3 = _lane_pair(w, x0, x1, x2, x3, scales, 0)
-    r0, r1, r2, r3 = _lane_pair(w, x0, x1, x2, x3, scales, 2)
-    e0, e1, e2, e3 = add(p0, r0), add(p1, r1), add(p2, r2), add(p3, r3)    # (a4+a0) + (a6+a2)
-    p0, p1, p2, p3 = _lane_pair(w, x0, x1, x2, x3, scales, 1)
-    r0, r1, r2, r3 = _lane_pair(w, x0, x1, x2, x3, scales, 3)
-    store_f32x8(out[t0], col, add(add(e0, add(p0, r0)), s0))              # + ((a5+a1) + (a7+a3)), + summs
-    store_f32x8(out[t0 + 1], col, add(add(e1, add(p1, r1)), s1))
-    store_f32x8(out[t0 + 2], col, add(add(e2, add(p2, r2)), s2))
-    store_f32x8(out[t0 + 3], col, add(add(e3, add(p3, r3)), s3))
+    acc0 = acc1 = acc2 = acc3 = _no_lanes()
+    for b in range(xd.shape[1]):
+        base, at = b * BLOCK_BYTES, b * 32
+        d_w, m_w = each_twice(load_halves_as_f32(w, base)), load_halves_as_f32(w, base + 16)
+        q0, q1 = load_i8x64(w, base + 32), load_i8x64(w, base + 96)
+        low0, low1, high0, high1 = low_nibbles(q0), low_nibbles(q1), high_nibbles(q0), high_nibbles(q1)
+        acc0 = _token_block(low0, low1, high0, high1, d_w, m_w, x0, at, xd[t0, b], xs[t0, b], acc0)
+        acc1 = _token_block(low0, low1, high0, high1, d_w, m_w, x1, at, xd[t0 + 1, b], xs[t0 + 1, b], acc1)
+        acc2 = _token_block(low0, low1, high0, high1, d_w, m_w, x2, at, xd[t0 + 2, b], xs[t0 + 2, b], acc2)
+        acc3 = _token_block(low0, low1, high0, high1, d_w, m_w, x3, at, xd[t0 + 3, b], xs[t0 + 3, b], acc3)
+    store_f32x8(out[t0], col, _result(acc0))
+    store_f32x8(out[t0 + 1], col, _result(acc1))
+    store_f32x8(out[t0 + 2], col, _result(acc2))
+    store_f32x8(out[t0 + 3], col, _result(acc3))
 
 
 @njit(cache=True)
 def _group_one(w, xq, xd, xs, out, t, col):
     """8 rows (packed Q4_1 group w) x token t -> out[t, col:col+8]."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summs = zeros_f32x8()
     x = xq[t]
+    acc = _no_lanes()
     for b in range(xd.shape[1]):
-        base = b * 160
+        base = b * BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 3)
-        dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
-        summs = fma(load_halves_as_f32(w, base + 16), splat_f32(xs[t, b]), summs)
-        at = b * 32
-        low, high = nibble_lanes(load_i8x32(w, base + 32), x, at)
-        a0, a4 = fma(dd, low, a0), fma(dd, high, a4)
-        low, high = nibble_lanes(load_i8x32(w, base + 64), x, at + 4)
-        a1, a5 = fma(dd, low, a1), fma(dd, high, a5)
-        low, high = nibble_lanes(load_i8x32(w, base + 96), x, at + 8)
-        a2, a6 = fma(dd, low, a2), fma(dd, high, a6)
-        low, high = nibble_lanes(load_i8x32(w, base + 128), x, at + 12)
-        a3, a7 = fma(dd, low, a3), fma(dd, high, a7)
-    store_f32x8(out[t], col, add(vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7), summs))
+        q0, q1 = load_i8x64(w, base + 32), load_i8x64(w, base + 96)
+        acc = _token_block(low_nibbles(q0), low_nibbles(q1), high_nibbles(q0), high_nibbles(q1),
+                           each_twice(load_halves_as_f32(w, base)), load_halves_as_f32(w, base + 16),
+                           x, b * 32, xd[t, b], xs[t, b], acc)
+    store_f32x8(out[t], col, _result(acc))
 
 
 @njit(cache=True)
@@ -130,12 +119,11 @@ def _groups(first, last, packed, acts, outs, part_ends):
     xq, xd, xs = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4
-    scales = np.empty(xd.shape[1] * 32 if full_tiles else 0, np.float32)
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         for t0 in range(0, full_tiles, 4):
-            _group(packed[i], xq, xd, xs, out, t0, col, scales)
+            _group(packed[i], xq, xd, xs, out, t0, col)
         for t in range(full_tiles, num_tokens):
             _group_one(packed[i], xq, xd, xs, out, t, col)
 
