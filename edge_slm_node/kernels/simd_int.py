@@ -51,6 +51,20 @@ def broadcast_i8x8(typingctx, arr, index):
 
 
 @intrinsic
+def broadcast_i32x2(typingctx, arr, index):
+    """arr[index], arr[index+1] of a contiguous 1-D int32 array repeated 8 times -> I32x16."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.int32
+            and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        pair = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(64)),
+                            align=4)
+        return builder.bitcast(_splat(builder, pair, _vec("i64", 8)), _vec("i32", 16))
+    return Vector("i32", 16)(arr, index), codegen
+
+
+@intrinsic
 def broadcast_i8x4(typingctx, arr, index):
     """arr[index:index+4] repeated 8 times -> I8x32."""
     if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
@@ -155,31 +169,6 @@ def dot_halves_i16(typingctx, a, b):
     return a(a, b), codegen
 
 
-@intrinsic
-def load_i8x16_as_i16(typingctx, arr, index):
-    """arr[index:index+16] signed bytes -> I16x16 (sign-extended)."""
-    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 16))
-        return builder.sext(builder.load(p, align=1), _vec("i16", 16))
-    return I16x16(arr, index), codegen
-
-
-@intrinsic
-def broadcast_i16x2(typingctx, arr, index):
-    """int16 arr[index], arr[index+1] repeated 8 times -> I16x16."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.int16
-            and isinstance(index, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=2)
-        return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i16", 16))
-    return I16x16(arr, index), codegen
-
-
 # ------------------------------------------- bit fields of the 5- and 6-bit and K-quant types
 
 def _is_int_vector(v) -> bool:
@@ -227,6 +216,7 @@ def _by_scalar(op, doc):
 
 
 mask_bits = _by_scalar("and_", "v & n, n splatted to every lane.")
+toggle_bits = _by_scalar("xor", "v ^ n, n splatted to every lane.")
 shift_right = _by_scalar("lshr", "v >> n (logical: zeros shifted in), every lane by the same count.")
 shift_left = _by_scalar("shl", "v << n, every lane by the same count.")
 
@@ -323,6 +313,23 @@ def dot4_acc(typingctx, acc, unsigned, signed):
         if _has_vnni(context, sig.args[0].count):
             return _vnni(context, builder, *args)
         return _dot4_fallback(builder, *args)
+    return acc(acc, unsigned, signed), codegen
+
+
+@intrinsic
+def dot4_any_u8_acc(typingctx, acc, unsigned, signed):
+    """dot4_acc for unsigned bytes of the whole range 0..255: the same vpdpbusd with VNNI, else
+    products widened to int32 before they are summed (pmaddubsw would saturate)."""
+    if not _is_dot4(acc, unsigned, signed):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lanes = sig.args[0].count
+        if _has_vnni(context, lanes):
+            return _vnni(context, builder, *args)
+        wide = _vec("i32", 4 * lanes)
+        products = builder.mul(builder.zext(args[1], wide), builder.sext(args[2], wide))
+        return builder.add(args[0], _pair_sums(builder, _pair_sums(builder, products, 2 * lanes), lanes))
     return acc(acc, unsigned, signed), codegen
 
 

@@ -250,7 +250,9 @@ def test_kernels_equal_llama_cpp_vec_dot(case):
     if quant is Q4_1:
         packed_acts = (acts.xq, acts.xd, acts.xs)
     else:
-        packed_acts = (acts.xq, acts.xq.astype(np.int16), acts.xd)
+        offsets = np.empty((case["tokens"], case["length"] // 4), np.int32)
+        q8_0.activation_offsets(acts.xq, offsets)
+        packed_acts = (acts.xq, offsets, acts.xd)
     module = quant.kernels
     module._groups(0, linear.packed.shape[0], linear.packed, packed_acts, (out, empty, empty), linear.part_ends)
     module._tail(linear.tail, packed_acts, (out, empty, empty), linear.part_ends)
@@ -262,7 +264,7 @@ def test_kernels_equal_llama_cpp_vec_dot(case):
 def _unpack(packed, tail, quant):
     """Inverse of the type's pack: packed groups + tail -> GGUF rows."""
     scale_bytes = {Q4_1: 4, Q4_0: 2, Q8_0: 2}[quant]
-    chunk = {Q4_1: 8, Q4_0: 4, Q8_0: 2}[quant]
+    chunk = {Q4_1: 8, Q4_0: 4, Q8_0: 8}[quant]
     size, rows = quant.type_size, ROWS_PER_GROUP
     blocks = packed.shape[1] // (rows * size)
     p = packed.reshape(packed.shape[0], blocks, rows * size)

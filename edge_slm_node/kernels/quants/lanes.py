@@ -12,8 +12,7 @@ from numba import njit
 
 from ..half import half_to_float
 from ..simd import add, prefetch, to_f32
-from ..simd_int import (add_pairs_i16, broadcast_i16x2, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8,
-                        high_nibbles, load_i8x16_as_i16, low_nibbles)
+from ..simd_int import add_pairs_i16, broadcast_i8x4, dot_pairs_u8_i8, high_nibbles, low_nibbles
 
 # Decode (one token) streams the weights from memory. Software prefetch of them (each block
 # asking for the bytes PREFETCH_BYTES ahead) once measured ~1.3x on the whole decode pass; on
@@ -32,28 +31,11 @@ def vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7):
 
 
 @njit(cache=True, inline="always")
-def nibble_lanes(q, x, at):
-    """32 packed nibble bytes (8 rows x 4) -> (low nibbles . x[at..at+3], high nibbles . x[at+16..at+19])
-    as two F32x8 (exact integer sums, one per row)."""
-    low = add_pairs_i16(dot_pairs_u8_i8(low_nibbles(q), broadcast_i8x4(x, at)))
-    high = add_pairs_i16(dot_pairs_u8_i8(high_nibbles(q), broadcast_i8x4(x, at + 16)))
-    return to_f32(low), to_f32(high)
-
-
-@njit(cache=True, inline="always")
 def nibble_dot(q, x, at):
     """32 packed nibble bytes (8 rows x 4) . x[at..at+3] (low) and x[at+16..at+19] (high) -> I32x8."""
     low = dot_pairs_u8_i8(low_nibbles(q), broadcast_i8x4(x, at))
     high = dot_pairs_u8_i8(high_nibbles(q), broadcast_i8x4(x, at + 16))
     return add_pairs_i16(add(low, high))
-
-
-@njit(cache=True, inline="always")
-def int8_lane(w, at, x16, x_at):
-    """Two Q8_0 chunks w[at:at+32] (8 rows x weights 4l..4l+3) . x16[x_at:x_at+4] -> F32x8 (exact)."""
-    first = dot_pairs_i16(load_i8x16_as_i16(w, at), broadcast_i16x2(x16, x_at))
-    second = dot_pairs_i16(load_i8x16_as_i16(w, at + 16), broadcast_i16x2(x16, x_at + 2))
-    return to_f32(add(first, second))
 
 
 @njit(cache=True, inline="always")

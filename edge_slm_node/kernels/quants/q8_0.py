@@ -1,20 +1,25 @@
 """Q8_0: blocks of 32 weights in 34 bytes: f16 d, 32 int8 q; w = d * q. Activations: Q8_0.
 
-Packed layout (a group of 8 rows, per block, 272 bytes): d[8] f16 | 16 chunks c of 16 bytes,
-row r's int8 weights 2c, 2c+1. Chunks 2l, 2l+1 hold weights 4l..4l+3 of each row: the 4-weight
-group llama.cpp's AVX2 ggml_vec_dot_q8_0_q8_0 sums into float lane l, so every kernel here
-is bit-equal to llama.cpp's (the lane order of kernels/quants/lanes.py). The kernels multiply
-int16 pairs (pmaddwd), so the activations are also kept as int16. Prefill runs in tiles of 4
-tokens with one pass per lane pair, as Q4_1's (kernels/quants/q4_1.py).
+Packed layout (a group of 8 rows, per block, 272 bytes): d[8] f16 | 4 chunks k of 64 bytes, row
+r's int8 weights 8k..8k+7 at 8r. Each 4-byte word of a chunk holds one row's 4-weight group 2k+j
+(j = 0, 1): the group llama.cpp's AVX2 ggml_vec_dot_q8_0_q8_0 sums into float lane 2k+j, so
+every kernel here is bit-equal to llama.cpp's (the lane order of kernels/quants/lanes.py). A
+chunk is one 16-lane vector (lane 2r+j: row r's lane 2k+j), one vpdpbusd against the token's 8
+activation bytes repeated: the weights' sign bits flipped make them unsigned (w + 128), and each
+lane starts from -128 x the sum of its 4 activations (the offsets, in the q16 slot as int32), so
+the integer sums are exact. 4 tokens (a prompt's tiles, a decode step of 4+ sessions) share
+each chunk's load, every token's lanes in registers.
 """
 import numpy as np
 from numba import njit
 
 from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, store_f32x8, zeros_f32x8
+from ..simd import add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, splat_f32, store_f32x8, to_f32
+from ..simd import zeros_f32x8
+from ..simd_int import broadcast_i32x2, broadcast_i8x8, dot4_any_u8_acc, load_i8x64, toggle_bits
 from .common import (MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, repack, rows_of, run_parallel,
                      run_serial)
-from .lanes import PREFETCH_BYTES, int8_lane, int8s4, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+from .lanes import PREFETCH_BYTES, int8s4, lane_sum, prefetch_lines, scale_at
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "q16", "scales", "sums")
@@ -28,20 +33,30 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
 
 def pack(raw: np.ndarray) -> tuple:
     """GGUF rows (rows, nb*34) -> (packed groups, tail rows); see the layout above."""
-    return repack(raw, 34, 2, 2)
+    return repack(raw, 34, 2, 8)
 
 
 @njit(cache=True, inline="always")
 def _prepare(x, scratch):
+    """x (T, K) -> (int8 q, the offsets -128 x the sum of each 4 consecutive q (int32), d per block)."""
     num_tokens, length = x.shape
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // 32)
     quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
-    xq16 = rows_of(scratch.q16, num_tokens, length)
-    for t in range(num_tokens):
-        for i in range(length):
-            xq16[t, i] = xq[t, i]
-    return xq, xq16, xd
+    offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
+    activation_offsets(xq, offsets)
+    return xq, offsets, xd
+
+
+@njit(cache=True)
+def activation_offsets(xq, offsets):
+    """offsets (T, K/4) int32 = -128 x the sum of each 4 consecutive int8 activations xq (T, K)."""
+    for t in range(xq.shape[0]):
+        for g in range(xq.shape[1] // 4):
+            total = np.int32(0)
+            for e in range(4):
+                total += np.int32(xq[t, 4 * g + e])
+            offsets[t, g] = -128 * total
 
 
 @njit(cache=True, nogil=True)
@@ -60,95 +75,97 @@ def gather_rows(packed, tail, rows, out):
         for b in range(out.shape[1] // 32):
             base = b * GROUP_BLOCK_BYTES
             d = scale_at(packed[g], base + 2 * r)
-            for c in range(16):
-                at = base + 2 * ROWS_PER_GROUP + c * 16 + 2 * r
-                out[t, b * 32 + 2 * c] = d * np.float32(signed[g, at])
-                out[t, b * 32 + 2 * c + 1] = d * np.float32(signed[g, at + 1])
+            for j in range(32):
+                out[t, b * 32 + j] = d * np.float32(signed[g, base + 2 * ROWS_PER_GROUP + 64 * (j // 8) + 8 * r + j % 8])
 
 
 @njit(cache=True, inline="always")
-def _lane_pair(w, x0, x1, x2, x3, scales, l):
-    """Lanes l and 4+l of 4 tokens (int16 activation rows x0..x3) over all blocks, with scales as in
-    _q4_1_lane_pair -> a_{4+l} + a_l per token."""
-    lo0 = lo1 = lo2 = lo3 = hi0 = hi1 = hi2 = hi3 = zeros_f32x8()
-    blocks = scales.shape[0] // 32
-    for b in range(blocks):
-        prefetch_lines(w, (blocks + b) * 272 + 68 * l, 2)     # next group (after w): block b over 4 passes
-        low_at, high_at = b * 272 + 16 + 32 * l, b * 272 + 16 + 32 * (4 + l)
-        at, s = b * 32 + 4 * l, b * 32
-        dd = load_f32x8(scales, s)
-        lo0, hi0 = fma(dd, int8_lane(w, low_at, x0, at), lo0), fma(dd, int8_lane(w, high_at, x0, at + 16), hi0)
-        dd = load_f32x8(scales, s + 8)
-        lo1, hi1 = fma(dd, int8_lane(w, low_at, x1, at), lo1), fma(dd, int8_lane(w, high_at, x1, at + 16), hi1)
-        dd = load_f32x8(scales, s + 16)
-        lo2, hi2 = fma(dd, int8_lane(w, low_at, x2, at), lo2), fma(dd, int8_lane(w, high_at, x2, at + 16), hi2)
-        dd = load_f32x8(scales, s + 24)
-        lo3, hi3 = fma(dd, int8_lane(w, low_at, x3, at), lo3), fma(dd, int8_lane(w, high_at, x3, at + 16), hi3)
-    return add(hi0, lo0), add(hi1, lo1), add(hi2, lo2), add(hi3, lo3)
+def _lanes(flipped, x, offsets, at, dd, acc):
+    """acc + dd * (each 4-byte word of flipped (weights + 128) . the word of x[at..at+7] it lines
+    up with, less 128 x that word's sum: the signed weights' exact dot), F32x16."""
+    return fma(dd, to_f32(dot4_any_u8_acc(broadcast_i32x2(offsets, at // 4), flipped, broadcast_i8x8(x, at))), acc)
+
+
+@njit(cache=True, inline="always")
+def _token_block(w0, w1, w2, w3, d_w, x, offsets, at, d_x, acc):
+    """One block of one token: acc (its lanes 0,1 | 2,3 | 4,5 | 6,7 of 8 rows, F32x16 each)
+    updated with the block's 4 sign-flipped chunks and d of the 8 rows (each twice)."""
+    lanes01, lanes23, lanes45, lanes67 = acc
+    dd = mul(d_w, concat(splat_f32(d_x), splat_f32(d_x)))
+    return (_lanes(w0, x, offsets, at, dd, lanes01), _lanes(w1, x, offsets, at + 8, dd, lanes23),
+            _lanes(w2, x, offsets, at + 16, dd, lanes45), _lanes(w3, x, offsets, at + 24, dd, lanes67))
+
+
+@njit(cache=True, inline="always")
+def _result(acc):
+    """llama.cpp's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) of 8 rows -> F32x8."""
+    lanes01, lanes23, lanes45, lanes67 = acc
+    return even_plus_odd(add(add(lanes45, lanes01), add(lanes67, lanes23)))
+
+
+@njit(cache=True, inline="always")
+def _no_lanes():
+    zero = concat(zeros_f32x8(), zeros_f32x8())
+    return zero, zero, zero, zero
+
+
+@njit(cache=True, inline="always")
+def _chunks(w, base):
+    """The 4 chunks of the block at w[base], sign bits flipped."""
+    return (toggle_bits(load_i8x64(w, base + 16), 0x80), toggle_bits(load_i8x64(w, base + 80), 0x80),
+            toggle_bits(load_i8x64(w, base + 144), 0x80), toggle_bits(load_i8x64(w, base + 208), 0x80))
 
 
 @njit(cache=True)
-def _group(w, xq16, xd, out, t0, col, scales):
-    """8 rows (packed Q8_0 group w) x tokens t0..t0+3 (int16 activations) -> out[t, col:col+8];
-    scales: scratch (nb*32,) f32."""
-    x0, x1, x2, x3 = xq16[t0], xq16[t0 + 1], xq16[t0 + 2], xq16[t0 + 3]
-    d0, d1, d2, d3 = xd[t0], xd[t0 + 1], xd[t0 + 2], xd[t0 + 3]
-    for b in range(xd.shape[1]):                  # d_w * d_x once for the 4 lane-pair passes
-        d = load_halves_as_f32(w, b * 272)
-        store_f32x8(scales, b * 32, mul(d, splat_f32(d0[b])))
-        store_f32x8(scales, b * 32 + 8, mul(d, splat_f32(d1[b])))
-        store_f32x8(scales, b * 32 + 16, mul(d, splat_f32(d2[b])))
-        store_f32x8(scales, b * 32 + 24, mul(d, splat_f32(d3[b])))
-    p0, p1, p2, p3 = _lane_pair(w, x0, x1, x2, x3, scales, 0)
-    r0, r1, r2, r3 = _lane_pair(w, x0, x1, x2, x3, scales, 2)
-    e0, e1, e2, e3 = add(p0, r0), add(p1, r1), add(p2, r2), add(p3, r3)    # (a4+a0) + (a6+a2)
-    p0, p1, p2, p3 = _lane_pair(w, x0, x1, x2, x3, scales, 1)
-    r0, r1, r2, r3 = _lane_pair(w, x0, x1, x2, x3, scales, 3)
-    store_f32x8(out[t0], col, add(e0, add(p0, r0)))                         # + ((a5+a1) + (a7+a3))
-    store_f32x8(out[t0 + 1], col, add(e1, add(p1, r1)))
-    store_f32x8(out[t0 + 2], col, add(e2, add(p2, r2)))
-    store_f32x8(out[t0 + 3], col, add(e3, add(p3, r3)))
-
-
-@njit(cache=True)
-def _group_one(w, xq16, xd, out, t, col):
-    """8 rows (packed Q8_0 group w) x token t (int16 activations) -> out[t, col:col+8]."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_f32x8()
-    x = xq16[t]
+def _group(w, xq, offsets, xd, out, t0, col):
+    """8 rows (packed Q8_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
+    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
+    o0, o1, o2, o3 = offsets[t0], offsets[t0 + 1], offsets[t0 + 2], offsets[t0 + 3]
+    acc0 = acc1 = acc2 = acc3 = _no_lanes()
     for b in range(xd.shape[1]):
-        base = b * 272
+        base, at = b * GROUP_BLOCK_BYTES, b * 32
+        d_w = each_twice(load_halves_as_f32(w, base))
+        w0, w1, w2, w3 = _chunks(w, base)
+        acc0 = _token_block(w0, w1, w2, w3, d_w, x0, o0, at, xd[t0, b], acc0)
+        acc1 = _token_block(w0, w1, w2, w3, d_w, x1, o1, at, xd[t0 + 1, b], acc1)
+        acc2 = _token_block(w0, w1, w2, w3, d_w, x2, o2, at, xd[t0 + 2, b], acc2)
+        acc3 = _token_block(w0, w1, w2, w3, d_w, x3, o3, at, xd[t0 + 3, b], acc3)
+    store_f32x8(out[t0], col, _result(acc0))
+    store_f32x8(out[t0 + 1], col, _result(acc1))
+    store_f32x8(out[t0 + 2], col, _result(acc2))
+    store_f32x8(out[t0 + 3], col, _result(acc3))
+
+
+@njit(cache=True)
+def _group_one(w, xq, offsets, xd, out, t, col):
+    """8 rows (packed Q8_0 group w) x token t -> out[t, col:col+8]."""
+    x, o = xq[t], offsets[t]
+    acc = _no_lanes()
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 5)
-        dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
-        q, at = base + 16, b * 32
-        a0 = fma(dd, int8_lane(w, q, x, at), a0)
-        a1 = fma(dd, int8_lane(w, q + 32, x, at + 4), a1)
-        a2 = fma(dd, int8_lane(w, q + 64, x, at + 8), a2)
-        a3 = fma(dd, int8_lane(w, q + 96, x, at + 12), a3)
-        a4 = fma(dd, int8_lane(w, q + 128, x, at + 16), a4)
-        a5 = fma(dd, int8_lane(w, q + 160, x, at + 20), a5)
-        a6 = fma(dd, int8_lane(w, q + 192, x, at + 24), a6)
-        a7 = fma(dd, int8_lane(w, q + 224, x, at + 28), a7)
-    store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+        w0, w1, w2, w3 = _chunks(w, base)
+        acc = _token_block(w0, w1, w2, w3, each_twice(load_halves_as_f32(w, base)), x, o, b * 32, xd[t, b], acc)
+    store_f32x8(out[t], col, _result(acc))
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
-    xq, xq16, xd = acts
+    xq, offsets, xd = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4
-    scales = np.empty(xd.shape[1] * 32 if full_tiles else 0, np.float32)
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
         for t0 in range(0, full_tiles, 4):
-            _group(packed[i], xq16, xd, out, t0, col, scales)
+            _group(packed[i], xq, offsets, xd, out, t0, col)
         for t in range(full_tiles, num_tokens):
-            _group_one(packed[i], xq16, xd, out, t, col)
+            _group_one(packed[i], xq, offsets, xd, out, t, col)
 
 
 @njit(cache=True)
 def _tail(tail, acts, outs, part_ends):
-    xq, xq16, xd = acts
+    xq, offsets, xd = acts
     out = outs[part_ends.shape[0] - 1]
     first = out.shape[1] - tail.shape[0]
     for r in range(tail.shape[0]):
