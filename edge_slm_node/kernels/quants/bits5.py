@@ -3,9 +3,8 @@ for weight j; 4-bit parts as Q4_0's nibble bytes) and their packed form.
 
 Packed layout of a group of 8 rows, per block (scale_bytes = 2 for Q5_0's d, 4 for Q5_1's d, m):
     scales (each fp16 scale of the 8 rows side by side) | fifth bits, 32 B | 4 chunks c of 32 B
-Chunk c holds row r's nibble bytes 4c..4c+3 at 4r (weights 4c+e low nibbles, 16+4c+e high), as
-Q4_1's packed layout (kernels/quants/q4_1.py): exactly the 4-weight groups llama.cpp's AVX2 dot
-products sum into float lanes c and 4+c. Byte 4r+e of the fifth bits holds, at bit 2c+h, the
+Chunk c holds row r's nibble bytes 4c..4c+3 at 4r (weights 4c+e low nibbles, 16+4c+e high):
+exactly the 4-weight groups llama.cpp's AVX2 dot products sum into float lanes c and 4+c. Byte 4r+e of the fifth bits holds, at bit 2c+h, the
 5th bit of weight 16h+4c+e of row r, so one load serves all 4 chunks and fifth_bits(bits, 2c+h)
 lines each chunk's bits up with its nibbles. The same 8 * type_size bytes as stored.
 """

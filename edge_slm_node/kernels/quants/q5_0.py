@@ -5,7 +5,7 @@ Packed layout (a group of 8 rows, per block, 176 bytes): d[8] f16 | fifth bits 3
 of 32 B (kernels/quants/bits5.py). Activations: Q8_0 (kernels/quantize.py), plus per token
 -16 * (the sum of each 4 consecutive q) in the q16 slot, for the -16 offset (the start of each
 lane's integer sum). Prompts run in tiles of 4 tokens with one pass over the blocks per lane
-pair (c, 4 + c), as Q4_1's (kernels/quants/q4_1.py): each chunk is unpacked once for 4 tokens.
+pair (c, 4 + c): each chunk is unpacked once for 4 tokens.
 llama.cpp's AVX2 ggml_vec_dot_q5_0_q8_0 (decode) and tinyBLAS_Q0_AVX (prompts) sum lane l over
 the 4-weight group l of each block, exactly, then a_l = fma(d_w * d_x, isum_l, a_l) block after
 block and ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)): every kernel here does the same, so
