@@ -13,67 +13,56 @@ from .simd import (I8x32, I8x64, I16x16, I32x8, Vector, _I32, _const, _has_featu
                    _splat, _vec, _x86_call)
 
 
-@intrinsic
-def load_i8x32(typingctx, arr, index):
-    """arr[index:index+32] of a contiguous 1-D byte array -> I8x32."""
-    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
-        return None
+def _byte_load(count: int):
+    vector = Vector("i8", count)
 
-    def codegen(context, builder, sig, args):
-        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 32))
-        return builder.load(p, align=1)
-    return I8x32(arr, index), codegen
+    @intrinsic
+    def fn(typingctx, arr, index):
+        if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+            return None
 
-
-@intrinsic
-def load_i8x64(typingctx, arr, index):
-    """arr[index:index+64] of a contiguous 1-D byte array -> I8x64."""
-    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", 64))
-        return builder.load(p, align=1)
-    return I8x64(arr, index), codegen
+        def codegen(context, builder, sig, args):
+            p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i8", count))
+            return builder.load(p, align=1)
+        return vector(arr, index), codegen
+    fn.__doc__ = f"arr[index:index+{count}] of a contiguous 1-D byte array -> I8x{count}."
+    return fn
 
 
-@intrinsic
-def broadcast_i8x8(typingctx, arr, index):
-    """arr[index:index+8] repeated 8 times -> I8x64 (its two 4-byte words alternating)."""
-    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(64)),
-                            align=1)
-        return builder.bitcast(_splat(builder, word, _vec("i64", 8)), _vec("i8", 64))
-    return I8x64(arr, index), codegen
+load_i8x32 = _byte_load(32)
+load_i8x64 = _byte_load(64)
 
 
-@intrinsic
-def broadcast_i32x2(typingctx, arr, index):
-    """arr[index], arr[index+1] of a contiguous 1-D int32 array repeated 8 times -> I32x16."""
-    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.int32
-            and isinstance(index, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        pair = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(64)),
-                            align=4)
-        return builder.bitcast(_splat(builder, pair, _vec("i64", 8)), _vec("i32", 16))
-    return Vector("i32", 16)(arr, index), codegen
+def _is_int32_row(arr) -> bool:
+    return isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.int32
 
 
-@intrinsic
-def broadcast_i8x4(typingctx, arr, index):
-    """arr[index:index+4] repeated 8 times -> I8x32."""
-    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
-        return None
+_ELEMENT_BITS = {"i8": 8, "i16": 16, "i32": 32}
 
-    def codegen(context, builder, sig, args):
-        word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _I32), align=1)
-        return builder.bitcast(_splat(builder, word, _vec("i32", 8)), _vec("i8", 32))
-    return I8x32(arr, index), codegen
+
+def _repeated_word(bits: int, result: Vector, accepts, doc: str):
+    """An intrinsic (arr, index) -> the `bits`-bit word at arr[index] repeated to fill `result`."""
+    copies = result.count * _ELEMENT_BITS[result.kind] // bits
+
+    @intrinsic
+    def fn(typingctx, arr, index):
+        if not (accepts(arr) and isinstance(index, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(bits)),
+                                align=1)
+            return builder.bitcast(_splat(builder, word, _vec(f"i{bits}", copies)), _vec(result.kind, result.count))
+        return result(arr, index), codegen
+    fn.__doc__ = doc
+    return fn
+
+
+broadcast_i8x4 = _repeated_word(32, I8x32, _is_byte_row, "arr[index:index+4] repeated 8 times -> I8x32.")
+broadcast_i8x8 = _repeated_word(64, I8x64, _is_byte_row,
+                                "arr[index:index+8] repeated 8 times -> I8x64 (its two 4-byte words alternating).")
+broadcast_i32x2 = _repeated_word(64, Vector("i32", 16), _is_int32_row,
+                                 "arr[index], arr[index+1] of a contiguous 1-D int32 array repeated 8 times -> I32x16.")
 
 
 @intrinsic
