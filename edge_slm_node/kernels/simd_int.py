@@ -66,6 +66,19 @@ broadcast_i32x2 = _repeated_word(64, Vector("i32", 16), _is_int32_row,
 
 
 @intrinsic
+def interleave_words(typingctx, a, b):
+    """Two I8x32 -> I8x64 of their 4-byte words alternating: word 2i is a's word i, 2i+1 b's."""
+    if not (a == b == I8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        words = [builder.bitcast(v, _vec("i32", 8)) for v in args]
+        mask = ir.Constant(ir.VectorType(_I32, 16), [i // 2 + 8 * (i % 2) for i in range(16)])
+        return builder.bitcast(builder.shuffle_vector(words[0], words[1], mask), _vec("i8", 64))
+    return I8x64(a, b), codegen
+
+
+@intrinsic
 def low_nibbles(typingctx, v):
     """byte & 15 for each byte of an I8x32 or I8x64."""
     if not (isinstance(v, Vector) and v.kind == "i8"):

@@ -17,7 +17,7 @@ from gguf.quants import quantize
 
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
-from edge_slm_node.kernels.quantize import quantize_rows_q8
+from edge_slm_node.kernels.quantize import quantize_rows_q8, scaled_group_sums
 from edge_slm_node.kernels.quants import F16, F32, Q4_0, Q4_1, Q8_0, q4_0, q4_1, q8_0
 from edge_slm_node.kernels.quants.common import ROWS_PER_GROUP, new_scratch
 from edge_slm_node.model.linear import FusedLinear, Linear, release_file_pages
@@ -251,7 +251,7 @@ def test_kernels_equal_llama_cpp_vec_dot(case):
         packed_acts = (acts.xq, acts.xd, acts.xs)
     else:
         offsets = np.empty((case["tokens"], case["length"] // 4), np.int32)
-        q8_0.activation_offsets(acts.xq, offsets)
+        scaled_group_sums(acts.xq, -128, offsets)
         packed_acts = (acts.xq, offsets, acts.xd)
     module = quant.kernels
     module._groups(0, linear.packed.shape[0], linear.packed, packed_acts, (out, empty, empty), linear.part_ends)
@@ -379,10 +379,13 @@ _GENERIC_CHECK = textwrap.dedent("""
 """)
 
 
-def test_generic_vector_code_without_avx2_is_bit_equal():
-    """The non-x86 / pre-AVX2 code path, compiled for a generic x86-64 CPU in a subprocess."""
+@pytest.mark.parametrize("cpu", ["generic", "haswell"])
+def test_vector_code_without_avx512_is_bit_equal(cpu):
+    """The code paths of CPUs without AVX-512 or VNNI, compiled in a subprocess: "generic" x86-64
+    (no AVX2: generic vector code, as on non-x86 machines) and "haswell" (AVX2 and FMA: the
+    16-lane kernels split into 256-bit halves, the 4-byte dots without vpdpbusd)."""
     path = os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "test", "kernels")])
-    env = dict(os.environ, NUMBA_CPU_NAME="generic", PYTHONPATH=path)
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, PYTHONPATH=path)
     result = subprocess.run([sys.executable, "-c", _GENERIC_CHECK], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0 and "generic ok" in result.stdout, result.stderr[-3000:]

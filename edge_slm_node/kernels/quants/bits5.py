@@ -2,23 +2,45 @@
 for weight j; 4-bit parts as Q4_0's nibble bytes) and their packed form.
 
 Packed layout of a group of 8 rows, per block (scale_bytes = 2 for Q5_0's d, 4 for Q5_1's d, m):
-    scales (each fp16 scale of the 8 rows side by side) | fifth bits, 32 B | 4 chunks c of 32 B
-Chunk c holds row r's nibble bytes 4c..4c+3 at 4r (weights 4c+e low nibbles, 16+4c+e high):
-exactly the 4-weight groups llama.cpp's AVX2 dot products sum into float lanes c and 4+c. Byte 4r+e of the fifth bits holds, at bit 2c+h, the
-5th bit of weight 16h+4c+e of row r, so one load serves all 4 chunks and fifth_bits(bits, 2c+h)
-lines each chunk's bits up with its nibbles. The same 8 * type_size bytes as stored.
+    scales (each fp16 scale of the 8 rows side by side) | fifth bits, 32 B | 2 chunks k of 64 B
+Chunk k holds row r's nibble bytes 8k..8k+7 at 8r (weight 8k+i in the low nibble of byte i,
+16+8k+i in the high one), as Q4_1's packed layout (kernels/quants/q4_1.py): each 4-byte word is
+one of the 4-weight groups llama.cpp's AVX2 dot products sum into one float lane. Byte 4r+e of
+the fifth bits holds, at bit 2k+h, the 5th bit of weight 16h+8k+e of row r and, at bit 4+2k+h,
+that of weight 16h+8k+4+e: fifth_bit_bytes spreads them over the 64 bytes of a chunk, after which
+fifth_bits(those, 2k+h) lines chunk k's low (h = 0) or high (h = 1) nibbles' bits up. The same
+8 * type_size bytes as stored.
 """
 import numpy as np
 from numba import njit
 
-from ..simd_int import mask_bits, shift_left, shift_right
+from ..simd_int import bits_or, high_nibbles, interleave_words, load_i8x32, load_i8x64, low_nibbles, mask_bits, \
+    shift_left, shift_right
 from .common import ROWS_PER_GROUP
 
 
 @njit(cache=True, inline="always")
 def fifth_bits(bits, k):
-    """Bit k of each byte of an I8x32 moved to bit 4 (the 16s of a 5-bit weight), other bits 0."""
+    """Bit k of each byte of an I8x32 or I8x64 moved to bit 4 (the 16s of a 5-bit weight), other bits 0."""
     return mask_bits(shift_right(bits, k - 4) if k >= 4 else shift_left(bits, 4 - k), 16)
+
+
+@njit(cache=True, inline="always")
+def fifth_bit_bytes(w, at):
+    """The 32 fifth-bit bytes at w[at] -> I8x64 lined up with a chunk's bytes: byte 8r+i holds,
+    at bit 2k+h, the 5th bit of weight 16h+8k+i of row r."""
+    bits = load_i8x32(w, at)
+    return interleave_words(bits, shift_right(bits, 4))
+
+
+@njit(cache=True, inline="always")
+def five_bit_vectors(w, bits_at, chunks_at):
+    """The packed block's 4 vectors of 5-bit weights (0..31) for kernels/quants/lanes.py's
+    wide_block: chunk 0's and 1's low nibbles, then their high ones, each with its 5th bits."""
+    fifth = fifth_bit_bytes(w, bits_at)
+    q0, q1 = load_i8x64(w, chunks_at), load_i8x64(w, chunks_at + 64)
+    return (bits_or(low_nibbles(q0), fifth_bits(fifth, 0)), bits_or(low_nibbles(q1), fifth_bits(fifth, 2)),
+            bits_or(high_nibbles(q0), fifth_bits(fifth, 1)), bits_or(high_nibbles(q1), fifth_bits(fifth, 3)))
 
 
 @njit(cache=True)
@@ -40,13 +62,15 @@ def pack_groups5(raw, packed, type_size, scale_bytes):
                     qh |= np.uint32(source[src + scale_bytes + i]) << np.uint32(8 * i)
                 for e in range(4):
                     byte = np.uint32(0)
-                    for c in range(4):
+                    for k in range(2):
                         for h in range(2):
-                            byte |= ((qh >> np.uint32(16 * h + 4 * c + e)) & np.uint32(1)) << np.uint32(2 * c + h)
+                            for half in range(2):
+                                weight = 16 * h + 8 * k + 4 * half + e
+                                byte |= ((qh >> np.uint32(weight)) & np.uint32(1)) << np.uint32(4 * half + 2 * k + h)
                     packed[g, dst + bits_at + 4 * r + e] = np.uint8(byte)
-                for c in range(4):
-                    for e in range(4):
-                        packed[g, dst + chunks_at + 32 * c + 4 * r + e] = source[src + scale_bytes + 4 + 4 * c + e]
+                for k in range(2):
+                    for i in range(8):
+                        packed[g, dst + chunks_at + 64 * k + 8 * r + i] = source[src + scale_bytes + 4 + 8 * k + i]
 
 
 def repack5(raw: np.ndarray, type_size: int, scale_bytes: int) -> tuple:

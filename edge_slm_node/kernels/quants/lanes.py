@@ -11,8 +11,9 @@ import numpy as np
 from numba import njit
 
 from ..half import half_to_float
-from ..simd import add, prefetch, to_f32
-from ..simd_int import add_pairs_i16, broadcast_i8x4, dot_pairs_u8_i8, high_nibbles, low_nibbles
+from ..simd import add, concat, each_twice, even_plus_odd, fma, mul, prefetch, splat_f32, to_f32, zeros_f32x8, zeros_i32x8
+from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc, dot_pairs_u8_i8,
+                        high_nibbles, low_nibbles)
 
 # Decode (one token) streams the weights from memory. Software prefetch of them (each block
 # asking for the bytes PREFETCH_BYTES ahead) once measured ~1.3x on the whole decode pass; on
@@ -46,6 +47,57 @@ def prefetch_lines(w, at, lines):
         for i in range(lines):
             prefetch(w, at + 64 * i)
 
+
+
+# ------------------------------------------ 8 rows as four 16-lane vectors (Q4_1, Q5_x, Q8_0)
+# Packed layouts with 8 bytes of a row per 64-byte chunk put lanes l, l+1 of row r in lanes 2r,
+# 2r+1 of one vector: a block is 4 such vectors (lanes 0,1 | 2,3 | 4,5 | 6,7), each one vpdpbusd
+# of its 4-byte words against the token's 8 activation bytes broadcast.
+
+@njit(cache=True, inline="always")
+def no_wide_lanes():
+    """The 4 F32x16 lane vectors of 8 rows, zero."""
+    zero = concat(zeros_f32x8(), zeros_f32x8())
+    return zero, zero, zero, zero
+
+
+@njit(cache=True, inline="always")
+def _wide_lane(values, x, at, start, dd, acc):
+    """acc + dd * float(start + each 4-byte word of values . the word of x[at..at+7] it lines up with)."""
+    return fma(dd, to_f32(dot4_any_u8_acc(start, values, broadcast_i8x8(x, at))), acc)
+
+
+@njit(cache=True, inline="always")
+def wide_block(values, d_w, x, at, d_x, acc):
+    """One block of one token: acc (no_wide_lanes) + d_w * d_x (d_w: F32x8 of the 8 rows) times
+    the integer dots of the block's 4 value vectors (unsigned bytes) with x[at..at+31]."""
+    v01, v23, v45, v67 = values
+    lanes01, lanes23, lanes45, lanes67 = acc
+    dd = mul(each_twice(d_w), concat(splat_f32(d_x), splat_f32(d_x)))
+    zero = concat(zeros_i32x8(), zeros_i32x8())
+    return (_wide_lane(v01, x, at, zero, dd, lanes01), _wide_lane(v23, x, at + 8, zero, dd, lanes23),
+            _wide_lane(v45, x, at + 16, zero, dd, lanes45), _wide_lane(v67, x, at + 24, zero, dd, lanes67))
+
+
+@njit(cache=True, inline="always")
+def wide_block_offset(values, d_w, x, offsets, at, d_x, acc):
+    """wide_block with each lane's integer dot started from offsets[(at + 4 * lane's group) / 4]
+    (int32, one per 4 activations: what turns unsigned stored values into the signed weights)."""
+    v01, v23, v45, v67 = values
+    lanes01, lanes23, lanes45, lanes67 = acc
+    dd = mul(each_twice(d_w), concat(splat_f32(d_x), splat_f32(d_x)))
+    g = at // 4
+    return (_wide_lane(v01, x, at, broadcast_i32x2(offsets, g), dd, lanes01),
+            _wide_lane(v23, x, at + 8, broadcast_i32x2(offsets, g + 2), dd, lanes23),
+            _wide_lane(v45, x, at + 16, broadcast_i32x2(offsets, g + 4), dd, lanes45),
+            _wide_lane(v67, x, at + 24, broadcast_i32x2(offsets, g + 6), dd, lanes67))
+
+
+@njit(cache=True, inline="always")
+def wide_result(acc):
+    """llama.cpp's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) of 8 rows -> F32x8."""
+    lanes01, lanes23, lanes45, lanes67 = acc
+    return even_plus_odd(add(add(lanes45, lanes01), add(lanes67, lanes23)))
 
 
 # ---------------------------------------------------------------- one row (scalar lanes)

@@ -11,18 +11,17 @@ ggml_vec_dot_q4_1_q8_1 sums into one float lane, so the result is bit-equal to l
     result = ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs
 A chunk's low (high) nibbles are one 16-lane vector: lane 2r+j is row r's lane 2k+j (4+2k+j),
 one vpdpbusd against the token's 8 activation bytes repeated, so a block is 4 such vectors per
-token and 8 rows; 4 tokens (a prompt's tiles, a decode step of 4+ sessions) share each
+token and 8 rows (kernels/quants/lanes.py, wide_block); 4 tokens (a prompt's tiles, a decode step of 4+ sessions) share each
 chunk's load and unpacking, every token's lanes in registers.
 """
 import numpy as np
 from numba import njit
 
 from ..quantize import quantize_rows_q8
-from ..simd import (add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, splat_f32, store_f32x8,
-                    to_f32, zeros_f32x8, zeros_i32x8)
-from ..simd_int import broadcast_i8x8, dot4_acc, high_nibbles, load_i8x64, low_nibbles
+from ..simd import add, fma, load_halves_as_f32, splat_f32, store_f32x8, zeros_f32x8
+from ..simd_int import high_nibbles, load_i8x64, low_nibbles
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, repack, rows_of, run_parallel, run_serial
-from .lanes import PREFETCH_BYTES, lane_sum, nibbles4, prefetch_lines, scale_at
+from .lanes import PREFETCH_BYTES, lane_sum, nibbles4, no_wide_lanes, prefetch_lines, scale_at, wide_block, wide_result
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "scales", "sums")
@@ -50,68 +49,42 @@ def _prepare(x, scratch):
 
 
 @njit(cache=True, inline="always")
-def _lanes(nibble_bytes, x, at, dd, acc):
-    """acc + dd * (each 4-byte word of nibble_bytes . the word of x[at..at+7] it lines up with), F32x16."""
-    return fma(dd, to_f32(dot4_acc(concat(zeros_i32x8(), zeros_i32x8()), nibble_bytes, broadcast_i8x8(x, at))), acc)
-
-
-@njit(cache=True, inline="always")
-def _token_block(low0, low1, high0, high1, d_w, m_w, x, at, d_x, s_x, acc):
-    """One block of one token: acc (its lanes 0,1 | 2,3 | 4,5 | 6,7 of 8 rows as F32x16, summs
-    F32x8) updated with the block's unpacked chunks and d, m of the 8 rows (d_w each twice)."""
-    lanes01, lanes23, lanes45, lanes67, summs = acc
-    dd = mul(d_w, concat(splat_f32(d_x), splat_f32(d_x)))
-    return (_lanes(low0, x, at, dd, lanes01), _lanes(low1, x, at + 8, dd, lanes23),
-            _lanes(high0, x, at + 16, dd, lanes45), _lanes(high1, x, at + 24, dd, lanes67),
-            fma(m_w, splat_f32(s_x), summs))
-
-
-@njit(cache=True, inline="always")
-def _result(acc):
-    """llama.cpp's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs of 8 rows -> F32x8."""
-    lanes01, lanes23, lanes45, lanes67, summs = acc
-    return add(even_plus_odd(add(add(lanes45, lanes01), add(lanes67, lanes23))), summs)
-
-
-@njit(cache=True, inline="always")
-def _no_lanes():
-    zero = concat(zeros_f32x8(), zeros_f32x8())
-    return zero, zero, zero, zero, zeros_f32x8()
+def _nibbles(w, base):
+    """The block at w[base]'s 4 value vectors: chunk 0's and 1's low nibbles, then their high ones."""
+    q0, q1 = load_i8x64(w, base + 32), load_i8x64(w, base + 96)
+    return low_nibbles(q0), low_nibbles(q1), high_nibbles(q0), high_nibbles(q1)
 
 
 @njit(cache=True)
 def _group(w, xq, xd, xs, out, t0, col):
     """8 rows (packed Q4_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
-    acc0 = acc1 = acc2 = acc3 = _no_lanes()
+    acc0 = acc1 = acc2 = acc3 = no_wide_lanes()
+    s0 = s1 = s2 = s3 = zeros_f32x8()
     for b in range(xd.shape[1]):
         base, at = b * BLOCK_BYTES, b * 32
-        d_w, m_w = each_twice(load_halves_as_f32(w, base)), load_halves_as_f32(w, base + 16)
-        q0, q1 = load_i8x64(w, base + 32), load_i8x64(w, base + 96)
-        low0, low1, high0, high1 = low_nibbles(q0), low_nibbles(q1), high_nibbles(q0), high_nibbles(q1)
-        acc0 = _token_block(low0, low1, high0, high1, d_w, m_w, x0, at, xd[t0, b], xs[t0, b], acc0)
-        acc1 = _token_block(low0, low1, high0, high1, d_w, m_w, x1, at, xd[t0 + 1, b], xs[t0 + 1, b], acc1)
-        acc2 = _token_block(low0, low1, high0, high1, d_w, m_w, x2, at, xd[t0 + 2, b], xs[t0 + 2, b], acc2)
-        acc3 = _token_block(low0, low1, high0, high1, d_w, m_w, x3, at, xd[t0 + 3, b], xs[t0 + 3, b], acc3)
-    store_f32x8(out[t0], col, _result(acc0))
-    store_f32x8(out[t0 + 1], col, _result(acc1))
-    store_f32x8(out[t0 + 2], col, _result(acc2))
-    store_f32x8(out[t0 + 3], col, _result(acc3))
+        d_w, m_w, values = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16), _nibbles(w, base)
+        acc0, s0 = wide_block(values, d_w, x0, at, xd[t0, b], acc0), fma(m_w, splat_f32(xs[t0, b]), s0)
+        acc1, s1 = wide_block(values, d_w, x1, at, xd[t0 + 1, b], acc1), fma(m_w, splat_f32(xs[t0 + 1, b]), s1)
+        acc2, s2 = wide_block(values, d_w, x2, at, xd[t0 + 2, b], acc2), fma(m_w, splat_f32(xs[t0 + 2, b]), s2)
+        acc3, s3 = wide_block(values, d_w, x3, at, xd[t0 + 3, b], acc3), fma(m_w, splat_f32(xs[t0 + 3, b]), s3)
+    store_f32x8(out[t0], col, add(wide_result(acc0), s0))
+    store_f32x8(out[t0 + 1], col, add(wide_result(acc1), s1))
+    store_f32x8(out[t0 + 2], col, add(wide_result(acc2), s2))
+    store_f32x8(out[t0 + 3], col, add(wide_result(acc3), s3))
 
 
 @njit(cache=True)
 def _group_one(w, xq, xd, xs, out, t, col):
     """8 rows (packed Q4_1 group w) x token t -> out[t, col:col+8]."""
     x = xq[t]
-    acc = _no_lanes()
+    acc, summs = no_wide_lanes(), zeros_f32x8()
     for b in range(xd.shape[1]):
         base = b * BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 3)
-        q0, q1 = load_i8x64(w, base + 32), load_i8x64(w, base + 96)
-        acc = _token_block(low_nibbles(q0), low_nibbles(q1), high_nibbles(q0), high_nibbles(q1),
-                           each_twice(load_halves_as_f32(w, base)), load_halves_as_f32(w, base + 16),
-                           x, b * 32, xd[t, b], xs[t, b], acc)
-    store_f32x8(out[t], col, _result(acc))
+        acc = wide_block(_nibbles(w, base), load_halves_as_f32(w, base), x, b * 32, xd[t, b], acc)
+        summs = fma(load_halves_as_f32(w, base + 16), splat_f32(xs[t, b]), summs)
+    store_f32x8(out[t], col, add(wide_result(acc), summs))
 
 
 @njit(cache=True)

@@ -1,11 +1,11 @@
 """Q5_0: blocks of 32 weights in 22 bytes: f16 d, uint32 qh (5th bits), 16 nibble bytes;
 w = d * (q - 16), q = nibble | fifth bit << 4 (0..31).
 
-Packed layout (a group of 8 rows, per block, 176 bytes): d[8] f16 | fifth bits 32 B | 4 chunks
-of 32 B (kernels/quants/bits5.py). Activations: Q8_0 (kernels/quantize.py), plus per token
--16 * (the sum of each 4 consecutive q) in the q16 slot, for the -16 offset (the start of each
-lane's integer sum). Prompts run in tiles of 4 tokens with one pass over the blocks per lane
-pair (c, 4 + c): each chunk is unpacked once for 4 tokens.
+Packed layout (a group of 8 rows, per block, 176 bytes): d[8] f16 | fifth bits 32 B | 2 chunks
+of 64 B (kernels/quants/bits5.py). Activations: Q8_0 (kernels/quantize.py), plus per token
+-16 * (the sum of each 4 consecutive q) as int32 in the q16 slot, for the -16 offset (the start
+of each lane's integer sum). A block is 4 vectors of 16 lanes per token (kernels/quants/lanes.py,
+wide_block_offset); 4 tokens of a prompt or a decode step share each block's unpacking.
 llama.cpp's AVX2 ggml_vec_dot_q5_0_q8_0 (decode) and tinyBLAS_Q0_AVX (prompts) sum lane l over
 the 4-weight group l of each block, exactly, then a_l = fma(d_w * d_x, isum_l, a_l) block after
 block and ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)): every kernel here does the same, so
@@ -15,12 +15,11 @@ the same integer as its signed bytes' dot).
 import numpy as np
 from numba import njit
 
-from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_halves_as_f32, mul, prefetch, splat_f32, store_f32x8, to_f32, zeros_f32x8
-from ..simd_int import bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, high_nibbles, load_i8x32, low_nibbles
-from .bits5 import fifth_bit, fifth_bits, five_bit_values, repack5
+from ..quantize import quantize_rows_q8, scaled_group_sums
+from ..simd import fma, load_halves_as_f32, store_f32x8
+from .bits5 import fifth_bit, five_bit_values, five_bit_vectors, repack5
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, rows_of, run_parallel, run_serial
-from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+from .lanes import PREFETCH_BYTES, lane_sum, no_wide_lanes, prefetch_lines, scale_at, wide_block_offset, wide_result
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "q16", "scales", "sums")
@@ -45,51 +44,9 @@ def _prepare(x, scratch):
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // 32)
     quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
-    offsets = rows_of(scratch.q16, num_tokens, length // 4)
-    for t in range(num_tokens):                 # -16 * sum of each 4 q: the -16 of every lane
-        for k in range(length // 4):
-            total = np.int32(0)
-            for e in range(4):
-                total += np.int32(xq[t, 4 * k + e])
-            offsets[t, k] = -16 * total
+    offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
+    scaled_group_sums(xq, -16, offsets)           # the -16 of every weight
     return xq, offsets, xd
-
-
-@njit(cache=True, inline="always")
-def _lane(q, bits, k, x, offsets, at):
-    """8 rows' 5-bit weights (nibbles q, fifth bits at bit k of bits) . x[at..at+3], minus the
-    offset 16 * sum(x[at..at+3]) -> F32x8 (exact integers)."""
-    return _lane5(bits_or(q, fifth_bits(bits, k)), x, offsets, at)
-
-
-@njit(cache=True, inline="always")
-def _lane5(u5, x, offsets, at):
-    """8 rows' 5-bit weights u5 (4 bytes each) . x[at..at+3] - 16 * sum(x[at..at+3]) -> F32x8 (exact)."""
-    return to_f32(dot4_acc(broadcast_i32(offsets, at // 4), u5, broadcast_i8x4(x, at)))
-
-
-@njit(cache=True, inline="always")
-def _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, c):
-    """Lanes c and 4+c (chunk c) of 4 tokens over all blocks -> a_{4+c} + a_c per token."""
-    lo0 = lo1 = lo2 = lo3 = hi0 = hi1 = hi2 = hi3 = zeros_f32x8()
-    blocks = xd.shape[1]
-    for b in range(blocks):
-        base = b * GROUP_BLOCK_BYTES
-        prefetch(w, (blocks + b) * GROUP_BLOCK_BYTES + 44 * c)   # the next group, over the 4 passes
-        d, bits = load_halves_as_f32(w, base), load_i8x32(w, base + 16)
-        q = load_i8x32(w, base + 48 + 32 * c)
-        low = bits_or(low_nibbles(q), fifth_bits(bits, 2 * c))
-        high = bits_or(high_nibbles(q), fifth_bits(bits, 2 * c + 1))
-        at = b * 32 + 4 * c
-        dd = mul(d, splat_f32(xd[t0, b]))
-        lo0, hi0 = fma(dd, _lane5(low, x0, o0, at), lo0), fma(dd, _lane5(high, x0, o0, at + 16), hi0)
-        dd = mul(d, splat_f32(xd[t0 + 1, b]))
-        lo1, hi1 = fma(dd, _lane5(low, x1, o1, at), lo1), fma(dd, _lane5(high, x1, o1, at + 16), hi1)
-        dd = mul(d, splat_f32(xd[t0 + 2, b]))
-        lo2, hi2 = fma(dd, _lane5(low, x2, o2, at), lo2), fma(dd, _lane5(high, x2, o2, at + 16), hi2)
-        dd = mul(d, splat_f32(xd[t0 + 3, b]))
-        lo3, hi3 = fma(dd, _lane5(low, x3, o3, at), lo3), fma(dd, _lane5(high, x3, o3, at + 16), hi3)
-    return add(hi0, lo0), add(hi1, lo1), add(hi2, lo2), add(hi3, lo3)
 
 
 @njit(cache=True)
@@ -97,41 +54,31 @@ def _group(w, xq, offsets, xd, out, t0, col):
     """8 rows (packed Q5_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
     o0, o1, o2, o3 = offsets[t0], offsets[t0 + 1], offsets[t0 + 2], offsets[t0 + 3]
-    p0, p1, p2, p3 = _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, 0)
-    r0, r1, r2, r3 = _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, 2)
-    e0, e1, e2, e3 = add(p0, r0), add(p1, r1), add(p2, r2), add(p3, r3)    # (a4+a0) + (a6+a2)
-    p0, p1, p2, p3 = _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, 1)
-    r0, r1, r2, r3 = _lane_pair(w, x0, x1, x2, x3, o0, o1, o2, o3, xd, t0, 3)
-    store_f32x8(out[t0], col, add(e0, add(p0, r0)))                         # + ((a5+a1) + (a7+a3))
-    store_f32x8(out[t0 + 1], col, add(e1, add(p1, r1)))
-    store_f32x8(out[t0 + 2], col, add(e2, add(p2, r2)))
-    store_f32x8(out[t0 + 3], col, add(e3, add(p3, r3)))
+    acc0 = acc1 = acc2 = acc3 = no_wide_lanes()
+    for b in range(xd.shape[1]):
+        base, at = b * GROUP_BLOCK_BYTES, b * 32
+        d_w, values = load_halves_as_f32(w, base), five_bit_vectors(w, base + 16, base + 48)
+        acc0 = wide_block_offset(values, d_w, x0, o0, at, xd[t0, b], acc0)
+        acc1 = wide_block_offset(values, d_w, x1, o1, at, xd[t0 + 1, b], acc1)
+        acc2 = wide_block_offset(values, d_w, x2, o2, at, xd[t0 + 2, b], acc2)
+        acc3 = wide_block_offset(values, d_w, x3, o3, at, xd[t0 + 3, b], acc3)
+    store_f32x8(out[t0], col, wide_result(acc0))
+    store_f32x8(out[t0 + 1], col, wide_result(acc1))
+    store_f32x8(out[t0 + 2], col, wide_result(acc2))
+    store_f32x8(out[t0 + 3], col, wide_result(acc3))
 
 
 @njit(cache=True)
 def _group_one(w, xq, offsets, xd, out, t, col):
     """8 rows (packed Q5_0 group w) x token t -> out[t, col:col+8]."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_f32x8()
-    x, off = xq[t], offsets[t]
+    x, o = xq[t], offsets[t]
+    acc = no_wide_lanes()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 3)
-        dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
-        bits = load_i8x32(w, base + 16)
-        at = b * 32
-        q = load_i8x32(w, base + 48)
-        a0 = fma(dd, _lane(low_nibbles(q), bits, 0, x, off, at), a0)
-        a4 = fma(dd, _lane(high_nibbles(q), bits, 1, x, off, at + 16), a4)
-        q = load_i8x32(w, base + 80)
-        a1 = fma(dd, _lane(low_nibbles(q), bits, 2, x, off, at + 4), a1)
-        a5 = fma(dd, _lane(high_nibbles(q), bits, 3, x, off, at + 20), a5)
-        q = load_i8x32(w, base + 112)
-        a2 = fma(dd, _lane(low_nibbles(q), bits, 4, x, off, at + 8), a2)
-        a6 = fma(dd, _lane(high_nibbles(q), bits, 5, x, off, at + 24), a6)
-        q = load_i8x32(w, base + 144)
-        a3 = fma(dd, _lane(low_nibbles(q), bits, 6, x, off, at + 12), a3)
-        a7 = fma(dd, _lane(high_nibbles(q), bits, 7, x, off, at + 28), a7)
-    store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+        acc = wide_block_offset(five_bit_vectors(w, base + 16, base + 48), load_halves_as_f32(w, base), x, o,
+                                b * 32, xd[t, b], acc)
+    store_f32x8(out[t], col, wide_result(acc))
 
 
 @njit(cache=True)

@@ -2,7 +2,8 @@
 w = d * q + m, q = nibble | fifth bit << 4 (0..31).
 
 Packed layout (a group of 8 rows, per block, 192 bytes): d[8] f16 | m[8] f16 | fifth bits 32 B |
-4 chunks of 32 B (kernels/quants/bits5.py). Activations: Q8_1 (kernels/quantize.py: int8 q,
+2 chunks of 64 B (kernels/quants/bits5.py); a block is 4 vectors of 16 lanes per token
+(kernels/quants/lanes.py, wide_block), 4 tokens of a prompt or a decode step sharing them. Activations: Q8_1 (kernels/quantize.py: int8 q,
 f16-rounded d and s = d * sum(q) per 32). llama.cpp's AVX2 ggml_vec_dot_q5_1_q8_1 order, which
 every kernel here follows (bit-equal), the same as Q4_1's (kernels/quants/q4_1.py):
     a_l = fma(isum_l, d_w * d_x, a_l) block after block;  summs = fma(m_w, s_x, summs)
@@ -12,11 +13,10 @@ import numpy as np
 from numba import njit
 
 from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, store_f32x8, to_f32, zeros_f32x8, zeros_i32x8
-from ..simd_int import bits_or, broadcast_i8x4, dot4_acc, high_nibbles, load_i8x32, low_nibbles
-from .bits5 import fifth_bit, fifth_bits, five_bit_values, repack5
+from ..simd import add, fma, load_halves_as_f32, splat_f32, store_f32x8, zeros_f32x8
+from .bits5 import fifth_bit, five_bit_values, five_bit_vectors, repack5
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, rows_of, run_parallel, run_serial
-from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+from .lanes import PREFETCH_BYTES, lane_sum, no_wide_lanes, prefetch_lines, scale_at, wide_block, wide_result
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "scales", "sums")
@@ -45,47 +45,51 @@ def _prepare(x, scratch):
     return xq, xd, xs
 
 
-@njit(cache=True, inline="always")
-def _lane(q, bits, k, x, at):
-    """8 rows' 5-bit weights (nibbles q, fifth bits at bit k of bits) . x[at..at+3] -> F32x8 (exact)."""
-    return to_f32(dot4_acc(zeros_i32x8(), bits_or(q, fifth_bits(bits, k)), broadcast_i8x4(x, at)))
+@njit(cache=True)
+def _group(w, xq, xd, xs, out, t0, col):
+    """8 rows (packed Q5_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
+    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
+    acc0 = acc1 = acc2 = acc3 = no_wide_lanes()
+    s0 = s1 = s2 = s3 = zeros_f32x8()
+    for b in range(xd.shape[1]):
+        base, at = b * GROUP_BLOCK_BYTES, b * 32
+        d_w, m_w = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
+        values = five_bit_vectors(w, base + 32, base + 64)
+        acc0, s0 = wide_block(values, d_w, x0, at, xd[t0, b], acc0), fma(m_w, splat_f32(xs[t0, b]), s0)
+        acc1, s1 = wide_block(values, d_w, x1, at, xd[t0 + 1, b], acc1), fma(m_w, splat_f32(xs[t0 + 1, b]), s1)
+        acc2, s2 = wide_block(values, d_w, x2, at, xd[t0 + 2, b], acc2), fma(m_w, splat_f32(xs[t0 + 2, b]), s2)
+        acc3, s3 = wide_block(values, d_w, x3, at, xd[t0 + 3, b], acc3), fma(m_w, splat_f32(xs[t0 + 3, b]), s3)
+    store_f32x8(out[t0], col, add(wide_result(acc0), s0))
+    store_f32x8(out[t0 + 1], col, add(wide_result(acc1), s1))
+    store_f32x8(out[t0 + 2], col, add(wide_result(acc2), s2))
+    store_f32x8(out[t0 + 3], col, add(wide_result(acc3), s3))
 
 
 @njit(cache=True)
 def _group_one(w, xq, xd, xs, out, t, col):
     """8 rows (packed Q5_1 group w) x token t -> out[t, col:col+8]."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summs = zeros_f32x8()
     x = xq[t]
+    acc, summs = no_wide_lanes(), zeros_f32x8()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 3)
-        dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
+        acc = wide_block(five_bit_vectors(w, base + 32, base + 64), load_halves_as_f32(w, base), x, b * 32,
+                         xd[t, b], acc)
         summs = fma(load_halves_as_f32(w, base + 16), splat_f32(xs[t, b]), summs)
-        bits = load_i8x32(w, base + 32)
-        at = b * 32
-        q = load_i8x32(w, base + 64)
-        a0 = fma(_lane(low_nibbles(q), bits, 0, x, at), dd, a0)
-        a4 = fma(_lane(high_nibbles(q), bits, 1, x, at + 16), dd, a4)
-        q = load_i8x32(w, base + 96)
-        a1 = fma(_lane(low_nibbles(q), bits, 2, x, at + 4), dd, a1)
-        a5 = fma(_lane(high_nibbles(q), bits, 3, x, at + 20), dd, a5)
-        q = load_i8x32(w, base + 128)
-        a2 = fma(_lane(low_nibbles(q), bits, 4, x, at + 8), dd, a2)
-        a6 = fma(_lane(high_nibbles(q), bits, 5, x, at + 24), dd, a6)
-        q = load_i8x32(w, base + 160)
-        a3 = fma(_lane(low_nibbles(q), bits, 6, x, at + 12), dd, a3)
-        a7 = fma(_lane(high_nibbles(q), bits, 7, x, at + 28), dd, a7)
-    store_f32x8(out[t], col, add(vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7), summs))
+    store_f32x8(out[t], col, add(wide_result(acc), summs))
 
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
     xq, xd, xs = acts
+    full_tiles = xd.shape[0] // 4 * 4
     for i in range(first, last):
         part, col = locate(part_ends, i)
         out = outs[part]
-        for t in range(xd.shape[0]):
+        for t0 in range(0, full_tiles, 4):
+            _group(packed[i], xq, xd, xs, out, t0, col)
+        for t in range(full_tiles, xd.shape[0]):
             _group_one(packed[i], xq, xd, xs, out, t, col)
 
 

@@ -13,13 +13,13 @@ each chunk's load, every token's lanes in registers.
 import numpy as np
 from numba import njit
 
-from ..quantize import quantize_rows_q8
-from ..simd import add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, splat_f32, store_f32x8, to_f32
-from ..simd import zeros_f32x8
-from ..simd_int import broadcast_i32x2, broadcast_i8x8, dot4_any_u8_acc, load_i8x64, toggle_bits
+from ..quantize import quantize_rows_q8, scaled_group_sums
+from ..simd import fma, load_halves_as_f32, store_f32x8
+from ..simd_int import load_i8x64, toggle_bits
 from .common import (MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, repack, rows_of, run_parallel,
                      run_serial)
-from .lanes import PREFETCH_BYTES, int8s4, lane_sum, prefetch_lines, scale_at
+from .lanes import (PREFETCH_BYTES, int8s4, lane_sum, no_wide_lanes, prefetch_lines, scale_at, wide_block_offset,
+                    wide_result)
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "q16", "scales", "sums")
@@ -44,19 +44,8 @@ def _prepare(x, scratch):
     xd = rows_of(scratch.scales, num_tokens, length // 32)
     quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
     offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
-    activation_offsets(xq, offsets)
+    scaled_group_sums(xq, -128, offsets)
     return xq, offsets, xd
-
-
-@njit(cache=True)
-def activation_offsets(xq, offsets):
-    """offsets (T, K/4) int32 = -128 x the sum of each 4 consecutive int8 activations xq (T, K)."""
-    for t in range(xq.shape[0]):
-        for g in range(xq.shape[1] // 4):
-            total = np.int32(0)
-            for e in range(4):
-                total += np.int32(xq[t, 4 * g + e])
-            offsets[t, g] = -128 * total
 
 
 @njit(cache=True, nogil=True)
@@ -80,36 +69,6 @@ def gather_rows(packed, tail, rows, out):
 
 
 @njit(cache=True, inline="always")
-def _lanes(flipped, x, offsets, at, dd, acc):
-    """acc + dd * (each 4-byte word of flipped (weights + 128) . the word of x[at..at+7] it lines
-    up with, less 128 x that word's sum: the signed weights' exact dot), F32x16."""
-    return fma(dd, to_f32(dot4_any_u8_acc(broadcast_i32x2(offsets, at // 4), flipped, broadcast_i8x8(x, at))), acc)
-
-
-@njit(cache=True, inline="always")
-def _token_block(w0, w1, w2, w3, d_w, x, offsets, at, d_x, acc):
-    """One block of one token: acc (its lanes 0,1 | 2,3 | 4,5 | 6,7 of 8 rows, F32x16 each)
-    updated with the block's 4 sign-flipped chunks and d of the 8 rows (each twice)."""
-    lanes01, lanes23, lanes45, lanes67 = acc
-    dd = mul(d_w, concat(splat_f32(d_x), splat_f32(d_x)))
-    return (_lanes(w0, x, offsets, at, dd, lanes01), _lanes(w1, x, offsets, at + 8, dd, lanes23),
-            _lanes(w2, x, offsets, at + 16, dd, lanes45), _lanes(w3, x, offsets, at + 24, dd, lanes67))
-
-
-@njit(cache=True, inline="always")
-def _result(acc):
-    """llama.cpp's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) of 8 rows -> F32x8."""
-    lanes01, lanes23, lanes45, lanes67 = acc
-    return even_plus_odd(add(add(lanes45, lanes01), add(lanes67, lanes23)))
-
-
-@njit(cache=True, inline="always")
-def _no_lanes():
-    zero = concat(zeros_f32x8(), zeros_f32x8())
-    return zero, zero, zero, zero
-
-
-@njit(cache=True, inline="always")
 def _chunks(w, base):
     """The 4 chunks of the block at w[base], sign bits flipped."""
     return (toggle_bits(load_i8x64(w, base + 16), 0x80), toggle_bits(load_i8x64(w, base + 80), 0x80),
@@ -121,32 +80,30 @@ def _group(w, xq, offsets, xd, out, t0, col):
     """8 rows (packed Q8_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
     o0, o1, o2, o3 = offsets[t0], offsets[t0 + 1], offsets[t0 + 2], offsets[t0 + 3]
-    acc0 = acc1 = acc2 = acc3 = _no_lanes()
+    acc0 = acc1 = acc2 = acc3 = no_wide_lanes()
     for b in range(xd.shape[1]):
         base, at = b * GROUP_BLOCK_BYTES, b * 32
-        d_w = each_twice(load_halves_as_f32(w, base))
-        w0, w1, w2, w3 = _chunks(w, base)
-        acc0 = _token_block(w0, w1, w2, w3, d_w, x0, o0, at, xd[t0, b], acc0)
-        acc1 = _token_block(w0, w1, w2, w3, d_w, x1, o1, at, xd[t0 + 1, b], acc1)
-        acc2 = _token_block(w0, w1, w2, w3, d_w, x2, o2, at, xd[t0 + 2, b], acc2)
-        acc3 = _token_block(w0, w1, w2, w3, d_w, x3, o3, at, xd[t0 + 3, b], acc3)
-    store_f32x8(out[t0], col, _result(acc0))
-    store_f32x8(out[t0 + 1], col, _result(acc1))
-    store_f32x8(out[t0 + 2], col, _result(acc2))
-    store_f32x8(out[t0 + 3], col, _result(acc3))
+        d_w, chunks = load_halves_as_f32(w, base), _chunks(w, base)
+        acc0 = wide_block_offset(chunks, d_w, x0, o0, at, xd[t0, b], acc0)
+        acc1 = wide_block_offset(chunks, d_w, x1, o1, at, xd[t0 + 1, b], acc1)
+        acc2 = wide_block_offset(chunks, d_w, x2, o2, at, xd[t0 + 2, b], acc2)
+        acc3 = wide_block_offset(chunks, d_w, x3, o3, at, xd[t0 + 3, b], acc3)
+    store_f32x8(out[t0], col, wide_result(acc0))
+    store_f32x8(out[t0 + 1], col, wide_result(acc1))
+    store_f32x8(out[t0 + 2], col, wide_result(acc2))
+    store_f32x8(out[t0 + 3], col, wide_result(acc3))
 
 
 @njit(cache=True)
 def _group_one(w, xq, offsets, xd, out, t, col):
     """8 rows (packed Q8_0 group w) x token t -> out[t, col:col+8]."""
     x, o = xq[t], offsets[t]
-    acc = _no_lanes()
+    acc = no_wide_lanes()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 5)
-        w0, w1, w2, w3 = _chunks(w, base)
-        acc = _token_block(w0, w1, w2, w3, each_twice(load_halves_as_f32(w, base)), x, o, b * 32, xd[t, b], acc)
-    store_f32x8(out[t], col, _result(acc))
+        acc = wide_block_offset(_chunks(w, base), load_halves_as_f32(w, base), x, o, b * 32, xd[t, b], acc)
+    store_f32x8(out[t], col, wide_result(acc))
 
 
 @njit(cache=True)
