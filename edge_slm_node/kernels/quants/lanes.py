@@ -11,7 +11,8 @@ import numpy as np
 from numba import njit
 
 from ..half import half_to_float
-from ..simd import add, concat, each_twice, even_plus_odd, fma, mul, prefetch, splat_f32, to_f32, zeros_f32x8, zeros_i32x8
+from ..simd import (add, concat, each_twice, even_plus_odd, fma, mul, prefetch, splat_f32, store_f32x8, to_f32, zeros_f32x8,
+                    zeros_i32x8)
 from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc, dot_pairs_u8_i8,
                         high_nibbles, low_nibbles)
 
@@ -98,6 +99,66 @@ def wide_result(acc):
     """llama.cpp's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) of 8 rows -> F32x8."""
     lanes01, lanes23, lanes45, lanes67 = acc
     return even_plus_odd(add(add(lanes45, lanes01), add(lanes67, lanes23)))
+
+
+# 4 tokens t0..t0+3 sharing each block's value vectors (prompt tiles, decode steps of 4+ sessions):
+# their activation rows, per-block figures and lanes as 4-tuples.
+
+@njit(cache=True, inline="always")
+def tile_rows(a, t0):
+    """Rows t0..t0+3 of a (T, ·) array."""
+    return a[t0], a[t0 + 1], a[t0 + 2], a[t0 + 3]
+
+
+@njit(cache=True, inline="always")
+def tile_column(a, t0, b):
+    """a[t0..t0+3, b] of a (T, ·) array."""
+    return a[t0, b], a[t0 + 1, b], a[t0 + 2, b], a[t0 + 3, b]
+
+
+@njit(cache=True, inline="always")
+def wide_tile(values, d_w, x, at, d_x, accs):
+    """wide_block for each of 4 tokens (x: their activation rows, d_x: their d of this block)."""
+    return (wide_block(values, d_w, x[0], at, d_x[0], accs[0]), wide_block(values, d_w, x[1], at, d_x[1], accs[1]),
+            wide_block(values, d_w, x[2], at, d_x[2], accs[2]), wide_block(values, d_w, x[3], at, d_x[3], accs[3]))
+
+
+@njit(cache=True, inline="always")
+def wide_tile_offset(values, d_w, x, offsets, at, d_x, accs):
+    """wide_block_offset for each of 4 tokens (offsets: their offset rows)."""
+    return (wide_block_offset(values, d_w, x[0], offsets[0], at, d_x[0], accs[0]),
+            wide_block_offset(values, d_w, x[1], offsets[1], at, d_x[1], accs[1]),
+            wide_block_offset(values, d_w, x[2], offsets[2], at, d_x[2], accs[2]),
+            wide_block_offset(values, d_w, x[3], offsets[3], at, d_x[3], accs[3]))
+
+
+@njit(cache=True, inline="always")
+def summs_tile(m_w, s_x, summs):
+    """summs = fma(m_w, s_x, summs) for each of 4 tokens (Q4_1, Q5_1: the m of each row)."""
+    return (fma(m_w, splat_f32(s_x[0]), summs[0]), fma(m_w, splat_f32(s_x[1]), summs[1]),
+            fma(m_w, splat_f32(s_x[2]), summs[2]), fma(m_w, splat_f32(s_x[3]), summs[3]))
+
+
+@njit(cache=True, inline="always")
+def store_tile(out, t0, col, results):
+    """out[t0 + i, col:col+8] = results[i] (F32x8) for the 4 tokens."""
+    store_f32x8(out[t0], col, results[0])
+    store_f32x8(out[t0 + 1], col, results[1])
+    store_f32x8(out[t0 + 2], col, results[2])
+    store_f32x8(out[t0 + 3], col, results[3])
+
+
+@njit(cache=True, inline="always")
+def tile_results(accs):
+    """wide_result of each of 4 tokens' lanes."""
+    return wide_result(accs[0]), wide_result(accs[1]), wide_result(accs[2]), wide_result(accs[3])
+
+
+@njit(cache=True, inline="always")
+def tile_results_plus(accs, summs):
+    """wide_result + summs of each of 4 tokens."""
+    return (add(wide_result(accs[0]), summs[0]), add(wide_result(accs[1]), summs[1]),
+            add(wide_result(accs[2]), summs[2]), add(wide_result(accs[3]), summs[3]))
 
 
 # ---------------------------------------------------------------- one row (scalar lanes)

@@ -21,7 +21,8 @@ from ..quantize import quantize_rows_q8
 from ..simd import add, fma, load_halves_as_f32, splat_f32, store_f32x8, zeros_f32x8
 from ..simd_int import high_nibbles, load_i8x64, low_nibbles
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, repack, rows_of, run_parallel, run_serial
-from .lanes import PREFETCH_BYTES, lane_sum, nibbles4, no_wide_lanes, prefetch_lines, scale_at, wide_block, wide_result
+from .lanes import (PREFETCH_BYTES, lane_sum, nibbles4, no_wide_lanes, prefetch_lines, scale_at, store_tile, summs_tile,
+                    tile_column, tile_results_plus, tile_rows, wide_block, wide_result, wide_tile)
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "scales", "sums")
@@ -58,20 +59,14 @@ def _nibbles(w, base):
 @njit(cache=True)
 def _group(w, xq, xd, xs, out, t0, col):
     """8 rows (packed Q4_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
-    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
-    acc0 = acc1 = acc2 = acc3 = no_wide_lanes()
-    s0 = s1 = s2 = s3 = zeros_f32x8()
+    x = tile_rows(xq, t0)
+    accs = no_wide_lanes(), no_wide_lanes(), no_wide_lanes(), no_wide_lanes()
+    summs = zeros_f32x8(), zeros_f32x8(), zeros_f32x8(), zeros_f32x8()
     for b in range(xd.shape[1]):
-        base, at = b * BLOCK_BYTES, b * 32
-        d_w, m_w, values = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16), _nibbles(w, base)
-        acc0, s0 = wide_block(values, d_w, x0, at, xd[t0, b], acc0), fma(m_w, splat_f32(xs[t0, b]), s0)
-        acc1, s1 = wide_block(values, d_w, x1, at, xd[t0 + 1, b], acc1), fma(m_w, splat_f32(xs[t0 + 1, b]), s1)
-        acc2, s2 = wide_block(values, d_w, x2, at, xd[t0 + 2, b], acc2), fma(m_w, splat_f32(xs[t0 + 2, b]), s2)
-        acc3, s3 = wide_block(values, d_w, x3, at, xd[t0 + 3, b], acc3), fma(m_w, splat_f32(xs[t0 + 3, b]), s3)
-    store_f32x8(out[t0], col, add(wide_result(acc0), s0))
-    store_f32x8(out[t0 + 1], col, add(wide_result(acc1), s1))
-    store_f32x8(out[t0 + 2], col, add(wide_result(acc2), s2))
-    store_f32x8(out[t0 + 3], col, add(wide_result(acc3), s3))
+        base = b * BLOCK_BYTES
+        accs = wide_tile(_nibbles(w, base), load_halves_as_f32(w, base), x, b * 32, tile_column(xd, t0, b), accs)
+        summs = summs_tile(load_halves_as_f32(w, base + 16), tile_column(xs, t0, b), summs)
+    store_tile(out, t0, col, tile_results_plus(accs, summs))
 
 
 @njit(cache=True)

@@ -18,8 +18,8 @@ from ..simd import fma, load_halves_as_f32, store_f32x8
 from ..simd_int import load_i8x64, toggle_bits
 from .common import (MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, repack, rows_of, run_parallel,
                      run_serial)
-from .lanes import (PREFETCH_BYTES, int8s4, lane_sum, no_wide_lanes, prefetch_lines, scale_at, wide_block_offset,
-                    wide_result)
+from .lanes import (PREFETCH_BYTES, int8s4, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile, tile_column,
+                    tile_results, tile_rows, wide_block_offset, wide_result, wide_tile_offset)
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "q16", "scales", "sums")
@@ -78,20 +78,13 @@ def _chunks(w, base):
 @njit(cache=True)
 def _group(w, xq, offsets, xd, out, t0, col):
     """8 rows (packed Q8_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
-    x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
-    o0, o1, o2, o3 = offsets[t0], offsets[t0 + 1], offsets[t0 + 2], offsets[t0 + 3]
-    acc0 = acc1 = acc2 = acc3 = no_wide_lanes()
+    x, o = tile_rows(xq, t0), tile_rows(offsets, t0)
+    accs = no_wide_lanes(), no_wide_lanes(), no_wide_lanes(), no_wide_lanes()
     for b in range(xd.shape[1]):
-        base, at = b * GROUP_BLOCK_BYTES, b * 32
-        d_w, chunks = load_halves_as_f32(w, base), _chunks(w, base)
-        acc0 = wide_block_offset(chunks, d_w, x0, o0, at, xd[t0, b], acc0)
-        acc1 = wide_block_offset(chunks, d_w, x1, o1, at, xd[t0 + 1, b], acc1)
-        acc2 = wide_block_offset(chunks, d_w, x2, o2, at, xd[t0 + 2, b], acc2)
-        acc3 = wide_block_offset(chunks, d_w, x3, o3, at, xd[t0 + 3, b], acc3)
-    store_f32x8(out[t0], col, wide_result(acc0))
-    store_f32x8(out[t0 + 1], col, wide_result(acc1))
-    store_f32x8(out[t0 + 2], col, wide_result(acc2))
-    store_f32x8(out[t0 + 3], col, wide_result(acc3))
+        base = b * GROUP_BLOCK_BYTES
+        accs = wide_tile_offset(_chunks(w, base), load_halves_as_f32(w, base), x, o, b * 32, tile_column(xd, t0, b),
+                                accs)
+    store_tile(out, t0, col, tile_results(accs))
 
 
 @njit(cache=True)
