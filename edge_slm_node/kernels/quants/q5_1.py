@@ -3,8 +3,9 @@ w = d * q + m, q = nibble | fifth bit << 4 (0..31).
 
 Packed layout (a group of 8 rows, per block, 192 bytes): d[8] f16 | m[8] f16 | fifth bits 32 B |
 2 chunks of 64 B (kernels/quants/bits5.py); a block is 4 vectors of 16 lanes per token
-(kernels/quants/lanes.py, wide_block), 4 tokens of a prompt or a decode step sharing them. Activations: Q8_1 (kernels/quantize.py: int8 q,
-f16-rounded d and s = d * sum(q) per 32). llama.cpp's AVX2 ggml_vec_dot_q5_1_q8_1 order, which
+(kernels/quants/lanes.py, wide_block), 4 tokens of a prompt or a decode step sharing them.
+Activations: Q8_1 (kernels/quantize.py: int8 q, f16-rounded d and s = d * sum(q) per 32).
+llama.cpp's AVX2 ggml_vec_dot_q5_1_q8_1 order, which
 every kernel here follows (bit-equal), the same as Q4_1's (kernels/quants/q4_1.py):
     a_l = fma(isum_l, d_w * d_x, a_l) block after block;  summs = fma(m_w, s_x, summs)
     result = ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs
