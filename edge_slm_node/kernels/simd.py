@@ -206,7 +206,8 @@ def each_twice(typingctx, v):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.shuffle_vector(args[0], args[0], ir.Constant(ir.VectorType(_I32, 16), [i // 2 for i in range(16)]))
+        mask = ir.Constant(ir.VectorType(_I32, 16), [i // 2 for i in range(16)])
+        return builder.shuffle_vector(args[0], args[0], mask)
     return Vector("f32", 16)(v), codegen
 
 

@@ -50,8 +50,8 @@ def _repeated_word(bits: int, result: Vector, accepts, doc: str):
             return None
 
         def codegen(context, builder, sig, args):
-            word = builder.load(_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(bits)),
-                                align=1)
+            p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(bits))
+            word = builder.load(p, align=1)
             return builder.bitcast(_splat(builder, word, _vec(f"i{bits}", copies)), _vec(result.kind, result.count))
         return result(arr, index), codegen
     fn.__doc__ = doc

@@ -11,10 +11,10 @@ import numpy as np
 from numba import njit
 
 from ..half import half_to_float
-from ..simd import (add, concat, each_twice, even_plus_odd, fma, mul, prefetch, splat_f32, store_f32x8, to_f32, zeros_f32x8,
-                    zeros_i32x8)
-from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc, dot_pairs_u8_i8,
-                        high_nibbles, low_nibbles)
+from ..simd import (add, concat, each_twice, even_plus_odd, fma, mul, prefetch, splat_f32, store_f32x8, to_f32,
+                    zeros_f32x8, zeros_i32x8)
+from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc,
+                        dot_pairs_u8_i8, high_nibbles, low_nibbles)
 
 # Decode (one token) streams the weights from memory. Software prefetch of them (each block
 # asking for the bytes PREFETCH_BYTES ahead) once measured ~1.3x on the whole decode pass; on

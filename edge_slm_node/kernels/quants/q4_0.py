@@ -1,8 +1,9 @@
 """Q4_0: blocks of 32 weights in 18 bytes: f16 d, 16 nibble bytes; w = d * (q - 8).
 
 Nibble order as Q4_1's (kernels/quants/q4_1.py). Packed layout: a group of 8 rows takes 144
-bytes per block, d[8] f16 | 4 chunks c of 32 bytes, row r's nibble bytes 4c..4c+3 at 4r. Activations: Q8_0 (the same int8 q
-and f16-rounded d; the -8 offset is applied through per-block sums of q). The summation order
+bytes per block, d[8] f16 | 4 chunks c of 32 bytes, row r's nibble bytes 4c..4c+3 at 4r.
+Activations: Q8_0 (the same int8 q and f16-rounded d; the -8 offset is applied through
+per-block sums of q). The summation order
 is a simple one (per block acc += d_w * d_x * isum, one integer sum per block), bit-equal
 between the packed and row kernels but not emulating llama.cpp, which repacks Q4_0 on AVX2
 into interleaved kernels of its own.

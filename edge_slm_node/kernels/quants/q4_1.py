@@ -11,8 +11,8 @@ ggml_vec_dot_q4_1_q8_1 sums into one float lane, so the result is bit-equal to l
     result = ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) + summs
 A chunk's low (high) nibbles are one 16-lane vector: lane 2r+j is row r's lane 2k+j (4+2k+j),
 one vpdpbusd against the token's 8 activation bytes repeated, so a block is 4 such vectors per
-token and 8 rows (kernels/quants/lanes.py, wide_block); 4 tokens (a prompt's tiles, a decode step of 4+ sessions) share each
-chunk's load and unpacking, every token's lanes in registers.
+token and 8 rows (kernels/quants/lanes.py, wide_block); 4 tokens (a prompt's tiles, a decode
+step of 4+ sessions) share each chunk's load and unpacking, every token's lanes in registers.
 """
 import numpy as np
 from numba import njit

@@ -64,8 +64,9 @@ def gather_rows(packed, tail, rows, out):
         for b in range(out.shape[1] // 32):
             base = b * GROUP_BLOCK_BYTES
             d = scale_at(packed[g], base + 2 * r)
-            for j in range(32):
-                out[t, b * 32 + j] = d * np.float32(signed[g, base + 2 * ROWS_PER_GROUP + 64 * (j // 8) + 8 * r + j % 8])
+            for j in range(32):          # chunk j // 8, row r's 8 bytes in it
+                at = base + 2 * ROWS_PER_GROUP + 64 * (j // 8) + 8 * r + j % 8
+                out[t, b * 32 + j] = d * np.float32(signed[g, at])
 
 
 @njit(cache=True, inline="always")
