@@ -10,6 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from in_process_node import create_udp_node
+
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0         # model load + numba compile on a cold cache
 REPLY_TIMEOUT_S = 30.0
@@ -126,7 +128,7 @@ class RosClient:
         self.other_logs = {}          # name -> a callable giving another process's output, for failure messages
         self.context = rclpy.Context()
         rclpy.init(context=self.context, domain_id=int(node_process.env.get("ROS_DOMAIN_ID", "0")))   # ROS default: 0
-        self.node = rclpy.create_node("edge_slm_test_client", namespace=namespace or None, context=self.context)
+        self.node = create_udp_node("edge_slm_test_client", self.context, namespace or None)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from in_process_node import create_udp_node
 
 PEER_PATH = Path(__file__).with_name('interface_peer.py')
 DISCOVERY_TIMEOUT_S = 30.0
@@ -56,7 +57,7 @@ def ros_node(ros_env):
 
     context = rclpy.Context()
     rclpy.init(context=context)
-    node = rclpy.create_node('interface_test_client', context=context)
+    node = create_udp_node('interface_test_client', context)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     try:
