@@ -92,7 +92,7 @@ def dot_prompt(k, at_k, q, at_q, n):
     """k.flat[at_k:at_k+n] . q.flat[at_q:at_q+n], n a multiple of 8, tinyBLAS order (8 lanes, hsum8)."""
     acc = simd.mul(simd.load_f32x8(k, at_k), simd.load_f32x8(q, at_q))
     for s in range(8, n, 8):
-        acc = simd.add(acc, simd.mul(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s)))
+        acc = simd.add_exact_product(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s), acc)
     return vec8.hsum(acc)
 
 
@@ -107,10 +107,10 @@ def dot_decode(k, at_k, q, at_q, n):
         a2 = simd.mul(simd.load_f32x8(k, at_k + 16), simd.load_f32x8(q, at_q + 16))
         a3 = simd.mul(simd.load_f32x8(k, at_k + 24), simd.load_f32x8(q, at_q + 24))
         for s in range(DECODE_LANES, vector_end, DECODE_LANES):
-            a0 = simd.add(a0, simd.mul(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s)))
-            a1 = simd.add(a1, simd.mul(simd.load_f32x8(k, at_k + s + 8), simd.load_f32x8(q, at_q + s + 8)))
-            a2 = simd.add(a2, simd.mul(simd.load_f32x8(k, at_k + s + 16), simd.load_f32x8(q, at_q + s + 16)))
-            a3 = simd.add(a3, simd.mul(simd.load_f32x8(k, at_k + s + 24), simd.load_f32x8(q, at_q + s + 24)))
+            a0 = simd.add_exact_product(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s), a0)
+            a1 = simd.add_exact_product(simd.load_f32x8(k, at_k + s + 8), simd.load_f32x8(q, at_q + s + 8), a1)
+            a2 = simd.add_exact_product(simd.load_f32x8(k, at_k + s + 16), simd.load_f32x8(q, at_q + s + 16), a2)
+            a3 = simd.add_exact_product(simd.load_f32x8(k, at_k + s + 24), simd.load_f32x8(q, at_q + s + 24), a3)
         total = np.float64(vec8.reduce32(a0, a1, a2, a3))
     for i in range(vector_end, n):
         total += np.float64(k[at_k + i] * q[at_q + i])
@@ -123,14 +123,19 @@ def dot_prompt_wide(k, at_k, q, at_q, n):
     low = simd.mul(simd.load_f32x8(k, at_k), simd.load_f32x8(q, at_q))
     high = simd.mul(simd.load_f32x8(k, at_k + 8), simd.load_f32x8(q, at_q + 8))
     for s in range(16, n, 16):
-        low = simd.add(low, simd.mul(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s)))
-        high = simd.add(high, simd.mul(simd.load_f32x8(k, at_k + s + 8), simd.load_f32x8(q, at_q + s + 8)))
+        low = simd.add_exact_product(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s), low)
+        high = simd.add_exact_product(simd.load_f32x8(k, at_k + s + 8), simd.load_f32x8(q, at_q + s + 8), high)
     return vec8.hsum(simd.add(high, low))
 
 
 @njit(cache=True, inline="always")
 def _products(k, at_k, q, at_q, s):
     return simd.mul(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s))
+
+
+@njit(cache=True, inline="always")
+def _plus_products(k, at_k, q, at_q, s, lanes):
+    return simd.add_exact_product(simd.load_f32x8(k, at_k + s), simd.load_f32x8(q, at_q + s), lanes)
 
 
 @njit(cache=True, inline="always")
@@ -145,10 +150,10 @@ def dot_decode_wide(k, at_k, q, at_q, n):
         c4, c5, c6, c7 = _products(k, at_k, q, at_q, 32), _products(k, at_k, q, at_q, 40), \
             _products(k, at_k, q, at_q, 48), _products(k, at_k, q, at_q, 56)
         for s in range(64, vector_end, 64):
-            c0, c1 = simd.add(c0, _products(k, at_k, q, at_q, s)), simd.add(c1, _products(k, at_k, q, at_q, s + 8))
-            c2, c3 = simd.add(c2, _products(k, at_k, q, at_q, s + 16)), simd.add(c3, _products(k, at_k, q, at_q, s + 24))
-            c4, c5 = simd.add(c4, _products(k, at_k, q, at_q, s + 32)), simd.add(c5, _products(k, at_k, q, at_q, s + 40))
-            c6, c7 = simd.add(c6, _products(k, at_k, q, at_q, s + 48)), simd.add(c7, _products(k, at_k, q, at_q, s + 56))
+            c0, c1 = _plus_products(k, at_k, q, at_q, s, c0), _plus_products(k, at_k, q, at_q, s + 8, c1)
+            c2, c3 = _plus_products(k, at_k, q, at_q, s + 16, c2), _plus_products(k, at_k, q, at_q, s + 24, c3)
+            c4, c5 = _plus_products(k, at_k, q, at_q, s + 32, c4), _plus_products(k, at_k, q, at_q, s + 40, c5)
+            c6, c7 = _plus_products(k, at_k, q, at_q, s + 48, c6), _plus_products(k, at_k, q, at_q, s + 56, c7)
         total = np.float64(reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7))
     for i in range(vector_end, n):
         total += np.float64(k[at_k + i] * q[at_q + i])
@@ -277,21 +282,21 @@ def scores_64(span, n, queries, at_q, prompt, scale, scores, at_s):
         for o in range(n):
             at = o * 64
             acc = simd.mul(simd.load_f32x8(span, at), q0)
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 8), q1))
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 16), q2))
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 24), q3))
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 32), q4))
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 40), q5))
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 48), q6))
-            acc = simd.add(acc, simd.mul(simd.load_f32x8(span, at + 56), q7))
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 8), q1, acc)
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 16), q2, acc)
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 24), q3, acc)
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 32), q4, acc)
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 40), q5, acc)
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 48), q6, acc)
+            acc = simd.add_exact_product(simd.load_f32x8(span, at + 56), q7, acc)
             scores[at_s + o] = vec8.hsum(acc) * scale
     else:
         for o in range(n):
             at = o * 64
-            a0 = simd.add(simd.mul(simd.load_f32x8(span, at), q0), simd.mul(simd.load_f32x8(span, at + 32), q4))
-            a1 = simd.add(simd.mul(simd.load_f32x8(span, at + 8), q1), simd.mul(simd.load_f32x8(span, at + 40), q5))
-            a2 = simd.add(simd.mul(simd.load_f32x8(span, at + 16), q2), simd.mul(simd.load_f32x8(span, at + 48), q6))
-            a3 = simd.add(simd.mul(simd.load_f32x8(span, at + 24), q3), simd.mul(simd.load_f32x8(span, at + 56), q7))
+            a0 = simd.add_exact_product(simd.load_f32x8(span, at), q0, simd.mul(simd.load_f32x8(span, at + 32), q4))
+            a1 = simd.add_exact_product(simd.load_f32x8(span, at + 8), q1, simd.mul(simd.load_f32x8(span, at + 40), q5))
+            a2 = simd.add_exact_product(simd.load_f32x8(span, at + 16), q2, simd.mul(simd.load_f32x8(span, at + 48), q6))
+            a3 = simd.add_exact_product(simd.load_f32x8(span, at + 24), q3, simd.mul(simd.load_f32x8(span, at + 56), q7))
             scores[at_s + o] = vec8.reduce32(a0, a1, a2, a3) * scale
 
 
@@ -303,16 +308,21 @@ def scores_64_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
         simd.load_f32x8(queries, at_q + 56)
     for o in range(n):
         at = o * 64
-        p0, p1 = simd.mul(simd.load_f32x8(span, at), q0), simd.mul(simd.load_f32x8(span, at + 8), q1)
-        p2, p3 = simd.mul(simd.load_f32x8(span, at + 16), q2), simd.mul(simd.load_f32x8(span, at + 24), q3)
-        p4, p5 = simd.mul(simd.load_f32x8(span, at + 32), q4), simd.mul(simd.load_f32x8(span, at + 40), q5)
-        p6, p7 = simd.mul(simd.load_f32x8(span, at + 48), q6), simd.mul(simd.load_f32x8(span, at + 56), q7)
-        if prompt:
-            low = simd.add(simd.add(simd.add(p0, p2), p4), p6)
-            high = simd.add(simd.add(simd.add(p1, p3), p5), p7)
-            scores[at_s + o] = vec8.hsum(simd.add(high, low)) * scale
-        else:
-            scores[at_s + o] = reduce_64_vectors(p0, p1, p2, p3, p4, p5, p6, p7) * scale
+        k0, k1, k2, k3 = simd.load_f32x8(span, at), simd.load_f32x8(span, at + 8), simd.load_f32x8(span, at + 16), \
+            simd.load_f32x8(span, at + 24)
+        k4, k5, k6, k7 = simd.load_f32x8(span, at + 32), simd.load_f32x8(span, at + 40), \
+            simd.load_f32x8(span, at + 48), simd.load_f32x8(span, at + 56)
+        if prompt:      # ((p0 + p2) + p4) + p6, the same for the odd halves
+            low = simd.add_exact_product(k2, q2, simd.mul(k0, q0))
+            low = simd.add_exact_product(k6, q6, simd.add_exact_product(k4, q4, low))
+            high = simd.add_exact_product(k3, q3, simd.mul(k1, q1))
+            high = simd.add_exact_product(k7, q7, simd.add_exact_product(k5, q5, high))
+        else:           # reduce_64_vectors of the products
+            low = simd.add(simd.add_exact_product(k0, q0, simd.mul(k4, q4)),
+                           simd.add_exact_product(k2, q2, simd.mul(k6, q6)))
+            high = simd.add(simd.add_exact_product(k1, q1, simd.mul(k5, q5)),
+                            simd.add_exact_product(k3, q3, simd.mul(k7, q7)))
+        scores[at_s + o] = vec8.hsum(simd.add(high, low)) * scale
 
 
 @njit(cache=True, inline="always")
@@ -332,6 +342,12 @@ def scores_any(span, n, head_dim, queries, at_q, prompt, scale, scores, at_s, av
 
 
 @njit(cache=True, inline="always")
+def _weighted(weights, at_w, span, row, lane):
+    """lane + weights[at_w] * span[row:row+8] (fp16 values: the product is exact)."""
+    return simd.add_exact_product(vec8.broadcast(weights, at_w), simd.load_f32x8(span, row), lane)
+
+
+@njit(cache=True, inline="always")
 def weighted_rows(span, n, head_dim, weights, at_w, num_lanes, acc, at_acc):
     """acc lane (o % num_lanes) += weights[at_w + o] * span row o, for o < n, in row order.
     Per 8 output elements and 8 lanes the accumulators stay in registers across the span."""
@@ -346,28 +362,28 @@ def weighted_rows(span, n, head_dim, weights, at_w, num_lanes, acc, at_acc):
             for o in range(first_lane, n, num_lanes):
                 row = o * head_dim + d
                 if o + 8 <= n:
-                    l0 = simd.add(l0, simd.mul(vec8.broadcast(weights, at_w + o), simd.load_f32x8(span, row)))
-                    l1 = simd.add(l1, simd.mul(vec8.broadcast(weights, at_w + o + 1), simd.load_f32x8(span, row + head_dim)))
-                    l2 = simd.add(l2, simd.mul(vec8.broadcast(weights, at_w + o + 2), simd.load_f32x8(span, row + 2 * head_dim)))
-                    l3 = simd.add(l3, simd.mul(vec8.broadcast(weights, at_w + o + 3), simd.load_f32x8(span, row + 3 * head_dim)))
-                    l4 = simd.add(l4, simd.mul(vec8.broadcast(weights, at_w + o + 4), simd.load_f32x8(span, row + 4 * head_dim)))
-                    l5 = simd.add(l5, simd.mul(vec8.broadcast(weights, at_w + o + 5), simd.load_f32x8(span, row + 5 * head_dim)))
-                    l6 = simd.add(l6, simd.mul(vec8.broadcast(weights, at_w + o + 6), simd.load_f32x8(span, row + 6 * head_dim)))
-                    l7 = simd.add(l7, simd.mul(vec8.broadcast(weights, at_w + o + 7), simd.load_f32x8(span, row + 7 * head_dim)))
+                    l0 = _weighted(weights, at_w + o, span, row, l0)
+                    l1 = _weighted(weights, at_w + o + 1, span, row + head_dim, l1)
+                    l2 = _weighted(weights, at_w + o + 2, span, row + 2 * head_dim, l2)
+                    l3 = _weighted(weights, at_w + o + 3, span, row + 3 * head_dim, l3)
+                    l4 = _weighted(weights, at_w + o + 4, span, row + 4 * head_dim, l4)
+                    l5 = _weighted(weights, at_w + o + 5, span, row + 5 * head_dim, l5)
+                    l6 = _weighted(weights, at_w + o + 6, span, row + 6 * head_dim, l6)
+                    l7 = _weighted(weights, at_w + o + 7, span, row + 7 * head_dim, l7)
                 else:
-                    l0 = simd.add(l0, simd.mul(vec8.broadcast(weights, at_w + o), simd.load_f32x8(span, row)))
+                    l0 = _weighted(weights, at_w + o, span, row, l0)
                     if o + 1 < n:
-                        l1 = simd.add(l1, simd.mul(vec8.broadcast(weights, at_w + o + 1), simd.load_f32x8(span, row + head_dim)))
+                        l1 = _weighted(weights, at_w + o + 1, span, row + head_dim, l1)
                     if o + 2 < n:
-                        l2 = simd.add(l2, simd.mul(vec8.broadcast(weights, at_w + o + 2), simd.load_f32x8(span, row + 2 * head_dim)))
+                        l2 = _weighted(weights, at_w + o + 2, span, row + 2 * head_dim, l2)
                     if o + 3 < n:
-                        l3 = simd.add(l3, simd.mul(vec8.broadcast(weights, at_w + o + 3), simd.load_f32x8(span, row + 3 * head_dim)))
+                        l3 = _weighted(weights, at_w + o + 3, span, row + 3 * head_dim, l3)
                     if o + 4 < n:
-                        l4 = simd.add(l4, simd.mul(vec8.broadcast(weights, at_w + o + 4), simd.load_f32x8(span, row + 4 * head_dim)))
+                        l4 = _weighted(weights, at_w + o + 4, span, row + 4 * head_dim, l4)
                     if o + 5 < n:
-                        l5 = simd.add(l5, simd.mul(vec8.broadcast(weights, at_w + o + 5), simd.load_f32x8(span, row + 5 * head_dim)))
+                        l5 = _weighted(weights, at_w + o + 5, span, row + 5 * head_dim, l5)
                     if o + 6 < n:
-                        l6 = simd.add(l6, simd.mul(vec8.broadcast(weights, at_w + o + 6), simd.load_f32x8(span, row + 6 * head_dim)))
+                        l6 = _weighted(weights, at_w + o + 6, span, row + 6 * head_dim, l6)
             simd.store_f32x8(acc, at, l0)
             simd.store_f32x8(acc, at + head_dim, l1)
             simd.store_f32x8(acc, at + 2 * head_dim, l2)

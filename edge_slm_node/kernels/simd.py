@@ -4,7 +4,8 @@ On x86 with AVX2 they use pmaddubsw / pmaddwd / vcvtph2ps; elsewhere the same se
 emitted as generic LLVM vector code (slower, still exact). All integer sums are exact for the
 value ranges used: nibble (0..15) x int8 pairs <= 2*15*128 in int16, int8 x int8 pairs in
 int32. Float ops are IEEE float32 and never contracted: `mul` and `add` round each result,
-`fma` rounds once (llvm.fma: vfmadd on FMA CPUs, an exact software fma elsewhere).
+`fma` rounds once (llvm.fma: vfmadd on FMA CPUs, an exact software fma elsewhere);
+`add_exact_product` is for products known to be exact (fused or not, the same bits).
 Note: numba's cache does not notice edits to this file; clear __pycache__ after changing it.
 """
 from llvmlite import ir
@@ -159,6 +160,22 @@ def fma(typingctx, a, b, c):
         fn_type = ir.FunctionType(llvm_type, [llvm_type] * 3)
         return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
     return result(a, b, c), codegen
+
+
+@intrinsic
+def add_exact_product(typingctx, a, b, c):
+    """c + a * b lane-wise for float32 vectors of one width, where every a * b is exact in float32
+    (e.g. two fp16 values): llvm.fmuladd, one vfmadd on FMA CPUs, a multiply then an add elsewhere;
+    both round only the sum, so they agree bit for bit."""
+    if not (_is_f32_vector(a) and a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        llvm_type = _vec("f32", a.count)
+        fn_type = ir.FunctionType(llvm_type, [llvm_type] * 3)
+        fn = cgutils.get_or_insert_function(builder.module, fn_type, f"llvm.fmuladd.v{a.count}f32")
+        return builder.call(fn, args)
+    return a(a, b, c), codegen
 
 
 @intrinsic

@@ -1,4 +1,9 @@
 """Paged attention and KV writes against a plain NumPy reference over contiguous KV."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numba
 import numpy as np
 import pytest
@@ -8,6 +13,8 @@ from edge_slm_node.kernels.attention import attention_work, paged_attention
 from edge_slm_node.kernels.kv_write import write_kv
 from edge_slm_node.kernels.half import float_to_half_bits, half_bits_to_float, round_to_half
 from edge_slm_node.kernels.ops import exp_f32, hsum8
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # The kernel rounds probabilities to fp16 and uses llama.cpp's vector exp; against np.exp a
@@ -378,3 +385,47 @@ def test_write_kv_is_bit_equal_to_the_frozen_reference(arena_layout, head_dim):
         caches.append((k_cache, v_cache))
     assert np.array_equal(caches[0][0], caches[1][0])
     assert np.array_equal(caches[0][1], caches[1][1])
+
+
+_OTHER_CPU_OUTPUTS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from test_attention import RUNS, random_batch
+    from edge_slm_node.kernels.attention import paged_attention
+    outputs = {}
+    for head_dim in (64, 48):
+        for prompt in (0, 1):
+            rng = np.random.default_rng(head_dim + prompt)
+            for r, runs in enumerate(RUNS):
+                batch = random_batch(rng, 9, 3, head_dim, 16, runs, prompt, True)
+                for avx512 in (False, True):
+                    q, out = batch[0].copy(), np.full_like(batch[0], np.nan)
+                    paged_attention(q, *batch[1:], np.float32(0.125), out, avx512=avx512)
+                    outputs[f"{head_dim}-{prompt}-{r}-{avx512}"] = out
+    np.savez(sys.argv[1], **outputs)
+""")
+
+
+@pytest.mark.parametrize("cpu", ["ivybridge", "haswell"])
+def test_kernel_compiled_for_other_cpus_is_bit_equal(cpu, tmp_path):
+    """Both summation orders compiled in a subprocess for "ivybridge" (AVX and F16C, no FMA: the
+    exact products are multiplied, then added) and "haswell" (AVX2 and FMA), bit-equal to this
+    machine's build. (Not "generic": without F16C the fp16 conversions need __extendhfsf2,
+    which numba's JIT cannot link: LLVM aborts.)"""
+    path = os.pathsep.join([REPO_ROOT, os.path.join(REPO_ROOT, "test", "kernels")])
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, PYTHONPATH=path)
+    result = subprocess.run([sys.executable, "-c", _OTHER_CPU_OUTPUTS, str(tmp_path / "other.npz")], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    other = np.load(tmp_path / "other.npz")
+    assert len(other.files) == 2 * 2 * len(RUNS) * 2
+    for head_dim in (64, 48):
+        for prompt in (0, 1):
+            rng = np.random.default_rng(head_dim + prompt)
+            for r, runs in enumerate(RUNS):
+                batch = random_batch(rng, 9, 3, head_dim, 16, runs, prompt, True)
+                for avx512 in (False, True):
+                    q, out = batch[0].copy(), np.full_like(batch[0], np.nan)
+                    paged_attention(q, *batch[1:], np.float32(0.125), out, avx512=avx512)
+                    key = f"{head_dim}-{prompt}-{r}-{avx512}"
+                    assert np.array_equal(other[key].view(np.uint32), out.view(np.uint32)), (cpu, key)
