@@ -39,7 +39,8 @@ from numba import njit, prange
 from . import simd, vec8
 from .attention_math import (DECODE_LANES, PREFETCH_SPANS, PROMPT_LANES, SPAN, WIDE_DECODE_LANES, WIDE_PROMPT_LANES,
                              hsum_rows, load_span, prefetch_rows, reduce_16, reduce_16_rows, reduce_32, reduce_64,
-                             reduce_64_rows, reduce_rows, scores_64, scores_64_wide, scores_any, weighted_rows)
+                             reduce_64_rows, reduce_rows, scores_64, scores_64_wide, scores_any, weighted_rows,
+                             weighted_rows_streamed)
 from .half import round_to_half
 
 PROMPT_CHUNK = 8          # queries per item in the prompt order (8 lanes of accumulators each)
@@ -114,10 +115,12 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     end += count * group * num_lanes * head_dim
     span = work[end:end + SPAN * head_dim]
     result = work[end + SPAN * head_dim:end + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)]
-    for i in range(0, acc.shape[0] // 8 * 8, 8):
-        simd.store_f32x8(acc, i, simd.zeros_f32x8())
-    for i in range(acc.shape[0] // 8 * 8, acc.shape[0]):
-        acc[i] = 0.0
+    streamed = num_lanes >= DECODE_LANES         # P . V by weighted_rows_streamed, which clears acc itself
+    if not streamed:
+        for i in range(0, acc.shape[0] // 8 * 8, 8):
+            simd.store_f32x8(acc, i, simd.zeros_f32x8())
+        for i in range(acc.shape[0] // 8 * 8, acc.shape[0]):
+            acc[i] = 0.0
     # q rounded to fp16, in place and into `queries`
     for m in range(count):
         for g in range(group):
@@ -207,7 +210,10 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                 continue
             for g in range(group):
                 at_w, at_acc = (m * group + g) * width + start, (m * group + g) * num_lanes * head_dim
-                weighted_rows(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc)
+                if streamed:
+                    weighted_rows_streamed(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc, start == base)
+                else:
+                    weighted_rows(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc)
     for m in range(count):
         t = first_token + m
         for g in range(group):

@@ -342,6 +342,37 @@ def scores_any(span, n, head_dim, queries, at_q, prompt, scale, scores, at_s, av
 
 
 @njit(cache=True, inline="always")
+def weighted_rows_streamed(span, n, head_dim, weights, at_w, num_lanes, acc, at_acc, first):
+    """weighted_rows for the decode orders (32 or 64 lanes: a span's rows reach each lane once or
+    twice, so there is nothing to keep in registers), one row after the other through memory.
+    first: the item's first span; a lane's first row is added to zero registers and the lanes
+    no row reaches are zeroed, so acc needs no clearing before."""
+    vector_end = head_dim // 8 * 8
+    lane_mask = num_lanes - 1
+    zero = simd.zeros_f32x8()
+    for o in range(n):
+        weight = vec8.broadcast(weights, at_w + o)
+        at, row = at_acc + (o & lane_mask) * head_dim, o * head_dim
+        if first and o < num_lanes:
+            for d in range(0, vector_end, 8):
+                simd.store_f32x8(acc, at + d, simd.add_exact_product(weight, simd.load_f32x8(span, row + d), zero))
+            for d in range(vector_end, head_dim):
+                acc[at + d] = np.float32(0.0) + weights[at_w + o] * span[row + d]
+        else:
+            for d in range(0, vector_end, 8):
+                lane = simd.load_f32x8(acc, at + d)
+                simd.store_f32x8(acc, at + d, simd.add_exact_product(weight, simd.load_f32x8(span, row + d), lane))
+            for d in range(vector_end, head_dim):
+                acc[at + d] += weights[at_w + o] * span[row + d]
+    if first:
+        unreached, end = at_acc + min(n, num_lanes) * head_dim, at_acc + num_lanes * head_dim
+        for i in range(unreached, end - 7, 8):
+            simd.store_f32x8(acc, i, zero)
+        for i in range(end - (end - unreached) % 8, end):
+            acc[i] = 0.0
+
+
+@njit(cache=True, inline="always")
 def _weighted(weights, at_w, span, row, lane):
     """lane + weights[at_w] * span[row:row+8] (fp16 values: the product is exact)."""
     return simd.add_exact_product(vec8.broadcast(weights, at_w), simd.load_f32x8(span, row), lane)
