@@ -387,11 +387,8 @@ def test_write_kv_is_bit_equal_to_the_frozen_reference(arena_layout, head_dim):
     assert np.array_equal(caches[0][1], caches[1][1])
 
 
-_OTHER_CPU_OUTPUTS = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from test_attention import RUNS, random_batch
-    from edge_slm_node.kernels.attention import paged_attention
+def outputs_of_both_orders():
+    """paged_attention's outputs on fixed random batches (RUNS), both orders, both builds' sums."""
     outputs = {}
     for head_dim in (64, 48):
         for prompt in (0, 1):
@@ -402,7 +399,14 @@ _OTHER_CPU_OUTPUTS = textwrap.dedent("""
                     q, out = batch[0].copy(), np.full_like(batch[0], np.nan)
                     paged_attention(q, *batch[1:], np.float32(0.125), out, avx512=avx512)
                     outputs[f"{head_dim}-{prompt}-{r}-{avx512}"] = out
-    np.savez(sys.argv[1], **outputs)
+    return outputs
+
+
+_OTHER_CPU_OUTPUTS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from test_attention import outputs_of_both_orders
+    np.savez(sys.argv[1], **outputs_of_both_orders())
 """)
 
 
@@ -418,14 +422,7 @@ def test_kernel_compiled_for_other_cpus_is_bit_equal(cpu, tmp_path):
                             env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     other = np.load(tmp_path / "other.npz")
-    assert len(other.files) == 2 * 2 * len(RUNS) * 2
-    for head_dim in (64, 48):
-        for prompt in (0, 1):
-            rng = np.random.default_rng(head_dim + prompt)
-            for r, runs in enumerate(RUNS):
-                batch = random_batch(rng, 9, 3, head_dim, 16, runs, prompt, True)
-                for avx512 in (False, True):
-                    q, out = batch[0].copy(), np.full_like(batch[0], np.nan)
-                    paged_attention(q, *batch[1:], np.float32(0.125), out, avx512=avx512)
-                    key = f"{head_dim}-{prompt}-{r}-{avx512}"
-                    assert np.array_equal(other[key].view(np.uint32), out.view(np.uint32)), (cpu, key)
+    here = outputs_of_both_orders()
+    assert sorted(other.files) == sorted(here) and len(here) == 2 * 2 * len(RUNS) * 2
+    for key, out in here.items():
+        assert np.array_equal(other[key].view(np.uint32), out.view(np.uint32)), (cpu, key)
