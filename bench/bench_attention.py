@@ -1,6 +1,7 @@
 """Paged attention and KV-write speed: the frozen pre-vectorization kernels vs the current ones.
 
     .venv/bin/python bench/bench_attention.py [--rounds 7] [--calls 30] [--threads 2] [--baseline REV]
+                                              [--avx512]
 
 SmolLM2-135M shapes (9 query heads, 3 KV heads, head_dim 64, 16-token blocks). Each call uses
 the next of 30 layers of a real-sized arena (blocks scattered), so K/V come from the cache
@@ -9,7 +10,10 @@ the table shows the median microseconds per call (one layer). "old" is the froze
 test/kernels/test_attention.py (old arena layout); "new" is kernels/attention.py on the
 KVArena layout (auto = serial/parallel chosen by attention.PARALLEL_MIN_MACS), and on the old
 layout for comparison. --baseline REV adds kernels/attention.py as of git revision REV
-("baseline auto"), interleaved with the working tree: before/after in one process.
+("baseline auto"), interleaved with the working tree: before/after in one process. --avx512: the
+AVX-512 build's summation orders (what the engine uses on such CPUs) for "new" and "baseline";
+"old" has only the AVX2 ones. Before 443363d, paged_attention() let numba dispatch its omitted
+arguments, ~90 us a serial call: a baseline older than that is not comparable.
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ def main():
     parser.add_argument("--calls", type=int, default=30, help="calls per variant per round (one per layer)")
     parser.add_argument("--threads", type=int, default=numba.config.NUMBA_NUM_THREADS)
     parser.add_argument("--baseline", metavar="REV", help="also time kernels/attention.py at this git revision")
+    parser.add_argument("--avx512", action="store_true", help="the AVX-512 build's orders (new and baseline)")
     args = parser.parse_args()
     baseline = load_baseline(args.baseline, "kernels.attention")[0] if args.baseline else None
     numba.set_num_threads(args.threads)
@@ -92,14 +97,16 @@ def main():
         def new(arena, parallel):
             def run(layer):
                 q[:] = case["q"]
-                attention.paged_attention(q, arena[layer, 0], arena[layer, 1], *common, out, work, parallel=parallel)
+                attention.paged_attention(q, arena[layer, 0], arena[layer, 1], *common, out, work, parallel=parallel,
+                                          avx512=args.avx512)
             return run
         variants = {"old": old, "new auto": new(arena_new, None), "new serial": new(arena_new, False),
                     "new parallel": new(arena_new, True), "new auto, old layout": new(arena_old, None)}
         if baseline is not None:
             def before(layer):
                 q[:] = case["q"]
-                baseline.paged_attention(q, arena_new[layer, 0], arena_new[layer, 1], *common, out, baseline_work)
+                baseline.paged_attention(q, arena_new[layer, 0], arena_new[layer, 1], *common, out, baseline_work,
+                                         avx512=args.avx512)
             variants["baseline auto"] = before
         return variants
 
