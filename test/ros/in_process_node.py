@@ -1,12 +1,13 @@
 """rclpy nodes created in the test process itself, their participant on UDPv4 only.
 
-Fast DDS's shared-memory listener can regenerate its port on the listener's own thread while the
-participant closes it (SharedMemManager::Listener::regenerate_port against Listener::close, with
-no lock between them, in 3.2 and upstream today). The test process died in destroy_node with
-that stack about one run in five: SIGSEGV in interprocess_mutex::lock under
-SharedMemChannelResource::release (clean-clone CI run of 4af4a97, gdb backtrace, 2026-12-04).
-So the participants of this process do not use shared memory; node processes and every other
-child keep Fast DDS's default transports (shared memory and UDP), and talk to these over UDP.
+The test process died in destroy_node about one clean-clone run in five. The one native
+backtrace (CI run of 4af4a97, 2026-12-04) is a SIGSEGV in interprocess_mutex::lock under
+SharedMemChannelResource::release: Fast DDS closing its shared-memory listener. A race in its
+code would explain it: a listener regenerates its port on its own thread, replacing the port
+that Listener::close uses on the destroying thread, with no lock between them (3.2, and
+upstream today). So the participants of this process do not use shared memory; node processes
+and every other child keep Fast DDS's default transports (shared memory and UDP) and talk to
+these over UDP.
 """
 from __future__ import annotations
 
