@@ -23,6 +23,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit, prange, types
 
+from ..quantize import quantize_rows_q8, scaled_group_sums
+
 ROWS_PER_GROUP = 8            # packed layouts interleave the weights of 8 rows (one vector lane each)
 MAX_RANGES = 32               # a constant: numba.get_num_threads() in a kernel disables its disk cache
 # A matmul runs on numba's thread pool only when it is big enough to repay waking the workers
@@ -104,6 +106,32 @@ def set_separate_calls(scratch: Scratch, num_tokens: int) -> None:
 def rows_of(slot, num_tokens, width):
     """The first num_tokens x width values of a scratch slot as a C-contiguous (T, width) view."""
     return slot[:num_tokens * width].reshape(num_tokens, width)
+
+
+@njit(cache=True, inline="always")
+def quantize_with_sums(x, scratch):
+    """x (T, K) -> (int8 q, d per block, sum per block) in scratch: the activations of the types
+    with a per-block min (Q4_1, Q5_1)."""
+    num_tokens, length = x.shape
+    xq = rows_of(scratch.q8, num_tokens, length)
+    xd = rows_of(scratch.scales, num_tokens, length // 32)
+    xs = rows_of(scratch.sums, num_tokens, length // 32)
+    quantize_rows_q8(x, xq, xd, xs)
+    return xq, xd, xs
+
+
+@njit(cache=True, inline="always")
+def quantize_with_offsets(x, scratch, offset):
+    """x (T, K) -> (int8 q, offset x the sum of each 4 consecutive q (int32), d per block) in
+    scratch: the activations of the types whose signed weights are stored as unsigned ones with
+    `offset` taken off (Q5_0: -16, Q8_0: -128)."""
+    num_tokens, length = x.shape
+    xq = rows_of(scratch.q8, num_tokens, length)
+    xd = rows_of(scratch.scales, num_tokens, length // 32)
+    quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
+    offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
+    scaled_group_sums(xq, offset, offsets)
+    return xq, offsets, xd
 
 
 @njit(cache=True, inline="always")

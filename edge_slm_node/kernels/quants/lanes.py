@@ -11,8 +11,8 @@ import numpy as np
 from numba import njit
 
 from ..half import half_to_float
-from ..simd import (add, concat, each_twice, even_plus_odd, fma, mul, prefetch, splat_f32, store_f32x8, to_f32,
-                    zeros_f32x8, zeros_i32x8)
+from ..simd import (add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, prefetch, splat_f32,
+                    store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
 from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc,
                         dot_pairs_u8_i8, high_nibbles, low_nibbles)
 
@@ -137,6 +137,21 @@ def summs_tile(m_w, s_x, summs):
     """summs = fma(m_w, s_x, summs) for each of 4 tokens (Q4_1, Q5_1: the m of each row)."""
     return (fma(m_w, splat_f32(s_x[0]), summs[0]), fma(m_w, splat_f32(s_x[1]), summs[1]),
             fma(m_w, splat_f32(s_x[2]), summs[2]), fma(m_w, splat_f32(s_x[3]), summs[3]))
+
+
+@njit(cache=True, inline="always")
+def block_with_min(values, w, base, x, at, d_x, s_x, acc, summs):
+    """One block of a type whose 8 rows' d and m are halves at w[base] and w[base + 16] (Q4_1,
+    Q5_1), for one token: (wide_block's lanes, summs + m * the token's block sum s_x)."""
+    return (wide_block(values, load_halves_as_f32(w, base), x, at, d_x, acc),
+            fma(load_halves_as_f32(w, base + 16), splat_f32(s_x), summs))
+
+
+@njit(cache=True, inline="always")
+def tile_block_with_min(values, w, base, x, at, xd, xs, t0, b, accs, summs):
+    """block_with_min for the 4 tokens t0.. of a tile (block b; xd, xs: every token's d and sums)."""
+    return (wide_tile(values, load_halves_as_f32(w, base), x, at, tile_column(xd, t0, b), accs),
+            summs_tile(load_halves_as_f32(w, base + 16), tile_column(xs, t0, b), summs))
 
 
 @njit(cache=True, inline="always")

@@ -17,12 +17,12 @@ step of 4+ sessions) share each chunk's load and unpacking, every token's lanes 
 import numpy as np
 from numba import njit
 
-from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_halves_as_f32, splat_f32, store_f32x8, zeros_f32x8
+from ..simd import add, fma, store_f32x8, zeros_f32x8
 from ..simd_int import high_nibbles, load_i8x64, low_nibbles
-from .common import MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, repack, rows_of, run_parallel, run_serial
-from .lanes import (PREFETCH_BYTES, lane_sum, nibbles4, no_wide_lanes, prefetch_lines, scale_at, store_tile, summs_tile,
-                    tile_column, tile_results_plus, tile_rows, wide_block, wide_result, wide_tile)
+from .common import (MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, quantize_with_sums, repack, run_parallel,
+                     run_serial)
+from .lanes import (PREFETCH_BYTES, block_with_min, lane_sum, nibbles4, no_wide_lanes, prefetch_lines, scale_at,
+                    store_tile, tile_block_with_min, tile_results_plus, tile_rows, wide_result)
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "scales", "sums")
@@ -40,16 +40,6 @@ def pack(raw: np.ndarray) -> tuple:
 
 
 @njit(cache=True, inline="always")
-def _prepare(x, scratch):
-    num_tokens, length = x.shape
-    xq = rows_of(scratch.q8, num_tokens, length)
-    xd = rows_of(scratch.scales, num_tokens, length // 32)
-    xs = rows_of(scratch.sums, num_tokens, length // 32)
-    quantize_rows_q8(x, xq, xd, xs)
-    return xq, xd, xs
-
-
-@njit(cache=True, inline="always")
 def _nibbles(w, base):
     """The block at w[base]'s 4 value vectors: chunk 0's and 1's low nibbles, then their high ones."""
     q0, q1 = load_i8x64(w, base + 32), load_i8x64(w, base + 96)
@@ -64,8 +54,7 @@ def _group(w, xq, xd, xs, out, t0, col):
     summs = zeros_f32x8(), zeros_f32x8(), zeros_f32x8(), zeros_f32x8()
     for b in range(xd.shape[1]):
         base = b * BLOCK_BYTES
-        accs = wide_tile(_nibbles(w, base), load_halves_as_f32(w, base), x, b * 32, tile_column(xd, t0, b), accs)
-        summs = summs_tile(load_halves_as_f32(w, base + 16), tile_column(xs, t0, b), summs)
+        accs, summs = tile_block_with_min(_nibbles(w, base), w, base, x, b * 32, xd, xs, t0, b, accs, summs)
     store_tile(out, t0, col, tile_results_plus(accs, summs))
 
 
@@ -77,8 +66,7 @@ def _group_one(w, xq, xd, xs, out, t, col):
     for b in range(xd.shape[1]):
         base = b * BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 3)
-        acc = wide_block(_nibbles(w, base), load_halves_as_f32(w, base), x, b * 32, xd[t, b], acc)
-        summs = fma(load_halves_as_f32(w, base + 16), splat_f32(xs[t, b]), summs)
+        acc, summs = block_with_min(_nibbles(w, base), w, base, x, b * 32, xd[t, b], xs[t, b], acc, summs)
     store_f32x8(out[t], col, add(wide_result(acc), summs))
 
 
@@ -131,10 +119,10 @@ def row_dot(row, xq, xd, xs):
 @njit(MATMUL_SIGNATURE, cache=True, nogil=True)
 def matmul_serial(packed, tail, part_ends, x, scratch, outs):
     """W Q4_1 packed + tail @ x (T, K) -> outs (kernels/quants/common.py), on this thread."""
-    run_serial(_prepare, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+    run_serial(quantize_with_sums, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
 
 
 @njit(MATMUL_SIGNATURE, cache=True, parallel=True)
 def matmul_parallel(packed, tail, part_ends, x, scratch, outs):
     """The same on numba's thread pool when big enough."""
-    run_parallel(_prepare, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+    run_parallel(quantize_with_sums, _groups, _tail, packed, tail, part_ends, x, scratch, outs)

@@ -15,10 +15,9 @@ the same integer as its signed bytes' dot).
 import numpy as np
 from numba import njit
 
-from ..quantize import quantize_rows_q8, scaled_group_sums
 from ..simd import fma, load_halves_as_f32, store_f32x8
 from .bits5 import fifth_bit, five_bit_values, five_bit_vectors, repack5
-from .common import MATMUL_SIGNATURE, dequantize_halves, locate, rows_of, run_parallel, run_serial
+from .common import MATMUL_SIGNATURE, dequantize_halves, locate, quantize_with_offsets, run_parallel, run_serial
 from .lanes import (PREFETCH_BYTES, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile, tile_column,
                     tile_results, tile_rows, wide_block_offset, wide_result, wide_tile_offset)
 
@@ -40,14 +39,7 @@ def pack(raw: np.ndarray) -> tuple:
 
 @njit(cache=True, inline="always")
 def _prepare(x, scratch):
-    """x (T, K) -> its activations for this type, quantized into scratch (see the module docstring)."""
-    num_tokens, length = x.shape
-    xq = rows_of(scratch.q8, num_tokens, length)
-    xd = rows_of(scratch.scales, num_tokens, length // 32)
-    quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
-    offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
-    scaled_group_sums(xq, -16, offsets)           # the -16 of every weight
-    return xq, offsets, xd
+    return quantize_with_offsets(x, scratch, -16)     # the -16 of every weight
 
 
 @njit(cache=True)

@@ -13,12 +13,11 @@ every kernel here follows (bit-equal), the same as Q4_1's (kernels/quants/q4_1.p
 import numpy as np
 from numba import njit
 
-from ..quantize import quantize_rows_q8
-from ..simd import add, fma, load_halves_as_f32, splat_f32, store_f32x8, zeros_f32x8
+from ..simd import add, fma, store_f32x8, zeros_f32x8
 from .bits5 import fifth_bit, five_bit_values, five_bit_vectors, repack5
-from .common import MATMUL_SIGNATURE, dequantize_halves, locate, rows_of, run_parallel, run_serial
-from .lanes import (PREFETCH_BYTES, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile, summs_tile,
-                    tile_column, tile_results_plus, tile_rows, wide_block, wide_result, wide_tile)
+from .common import MATMUL_SIGNATURE, dequantize_halves, locate, quantize_with_sums, run_parallel, run_serial
+from .lanes import (PREFETCH_BYTES, block_with_min, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile,
+                    tile_block_with_min, tile_results_plus, tile_rows, wide_result)
 
 FUSABLE = True           # several matrices concatenated, one output per part
 SCRATCH_SLOTS = ("q8", "scales", "sums")
@@ -36,17 +35,6 @@ def pack(raw: np.ndarray) -> tuple:
     return repack5(raw, TYPE_SIZE, 4)
 
 
-@njit(cache=True, inline="always")
-def _prepare(x, scratch):
-    """x (T, K) -> its activations for this type, quantized into scratch (see the module docstring)."""
-    num_tokens, length = x.shape
-    xq = rows_of(scratch.q8, num_tokens, length)
-    xd = rows_of(scratch.scales, num_tokens, length // 32)
-    xs = rows_of(scratch.sums, num_tokens, length // 32)
-    quantize_rows_q8(x, xq, xd, xs)
-    return xq, xd, xs
-
-
 @njit(cache=True)
 def _group(w, xq, xd, xs, out, t0, col):
     """8 rows (packed Q5_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
@@ -55,9 +43,8 @@ def _group(w, xq, xd, xs, out, t0, col):
     summs = zeros_f32x8(), zeros_f32x8(), zeros_f32x8(), zeros_f32x8()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        accs = wide_tile(five_bit_vectors(w, base + 32, base + 64), load_halves_as_f32(w, base), x, b * 32,
-                         tile_column(xd, t0, b), accs)
-        summs = summs_tile(load_halves_as_f32(w, base + 16), tile_column(xs, t0, b), summs)
+        values = five_bit_vectors(w, base + 32, base + 64)
+        accs, summs = tile_block_with_min(values, w, base, x, b * 32, xd, xs, t0, b, accs, summs)
     store_tile(out, t0, col, tile_results_plus(accs, summs))
 
 
@@ -69,9 +56,8 @@ def _group_one(w, xq, xd, xs, out, t, col):
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 3)
-        acc = wide_block(five_bit_vectors(w, base + 32, base + 64), load_halves_as_f32(w, base), x, b * 32,
-                         xd[t, b], acc)
-        summs = fma(load_halves_as_f32(w, base + 16), splat_f32(xs[t, b]), summs)
+        acc, summs = block_with_min(five_bit_vectors(w, base + 32, base + 64), w, base, x, b * 32, xd[t, b], xs[t, b],
+                                    acc, summs)
     store_f32x8(out[t], col, add(wide_result(acc), summs))
 
 
@@ -138,10 +124,10 @@ def embed_rows(raw, rows, out):
 @njit(MATMUL_SIGNATURE, cache=True, nogil=True)
 def matmul_serial(packed, tail, part_ends, x, scratch, outs):
     """W Q5_1 packed + tail @ x (T, K) -> outs (kernels/quants/common.py), on this thread."""
-    run_serial(_prepare, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+    run_serial(quantize_with_sums, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
 
 
 @njit(MATMUL_SIGNATURE, cache=True, parallel=True)
 def matmul_parallel(packed, tail, part_ends, x, scratch, outs):
     """The same on numba's thread pool when big enough."""
-    run_parallel(_prepare, _groups, _tail, packed, tail, part_ends, x, scratch, outs)
+    run_parallel(quantize_with_sums, _groups, _tail, packed, tail, part_ends, x, scratch, outs)

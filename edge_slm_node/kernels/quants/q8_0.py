@@ -13,11 +13,10 @@ each chunk's load, every token's lanes in registers.
 import numpy as np
 from numba import njit
 
-from ..quantize import quantize_rows_q8, scaled_group_sums
 from ..simd import fma, load_halves_as_f32, store_f32x8
 from ..simd_int import load_i8x64, toggle_bits
-from .common import (MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, repack, rows_of, run_parallel,
-                     run_serial)
+from .common import (MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, quantize_with_offsets, repack,
+                     run_parallel, run_serial)
 from .lanes import (PREFETCH_BYTES, int8s4, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile, tile_column,
                     tile_results, tile_rows, wide_block_offset, wide_result, wide_tile_offset)
 
@@ -38,14 +37,7 @@ def pack(raw: np.ndarray) -> tuple:
 
 @njit(cache=True, inline="always")
 def _prepare(x, scratch):
-    """x (T, K) -> (int8 q, the offsets -128 x the sum of each 4 consecutive q (int32), d per block)."""
-    num_tokens, length = x.shape
-    xq = rows_of(scratch.q8, num_tokens, length)
-    xd = rows_of(scratch.scales, num_tokens, length // 32)
-    quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
-    offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
-    scaled_group_sums(xq, -128, offsets)
-    return xq, offsets, xd
+    return quantize_with_offsets(x, scratch, -128)    # the -128 of every weight
 
 
 @njit(cache=True, nogil=True)
