@@ -66,6 +66,21 @@ broadcast_i32x2 = _repeated_word(64, Vector("i32", 16), _is_int32_row,
 
 
 @intrinsic
+def spread_word_pair(typingctx, arr, index):
+    """arr[index:index+4] repeated 8 times, then arr[index+4:index+8] repeated 8 times -> I8x64:
+    the activations of two consecutive 32-byte chunks of 8 rows' 4-byte words, loaded as one vector."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], _vec("i32", 2))
+        words = builder.load(p, align=1)
+        mask = ir.Constant(ir.VectorType(_I32, 16), [i // 8 for i in range(16)])
+        return builder.bitcast(builder.shuffle_vector(words, words, mask), _vec("i8", 64))
+    return I8x64(arr, index), codegen
+
+
+@intrinsic
 def interleave_words(typingctx, a, b):
     """Two I8x32 -> I8x64 of their 4-byte words alternating: word 2i is a's word i, 2i+1 b's."""
     if not (a == b == I8x32):

@@ -24,10 +24,11 @@ do 4 tokens in the gemv's order (a decode step of 4+ sessions), each still summe
 import numpy as np
 from numba import njit
 
-from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8,
-                    zeros_i32x8)
+from ..simd import (add, concat, fma, high_half, load_halves_as_f32, low_half, mul, splat_f32, splat_i32,
+                    store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, dot_halves_i16, load_i8x32,
-                        low_nibbles, mul_i32, shift_left, shift_right_signed, wide_dot4_available)
+                        load_i8x64, low_nibbles, mul_i32, shift_left, shift_right_signed, spread_word_pair,
+                        wide_dot4_available)
 from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
@@ -74,12 +75,29 @@ def pack(raw: np.ndarray) -> tuple:
 def _sub_pair(w, at, x, x_at):
     """Sub-blocks 2j (low nibbles) and 2j+1 (high) of 8 rows, 8 chunks from w[at], against
     x[x_at..x_at+63] -> (their dots, 16 x the high one's), I32x8 each (exact)."""
+    if wide_dot4_available():
+        return _sub_pair_wide(w, at, x, x_at)
     low = high16 = zeros_i32x8()
     for c in range(8):
         q = load_i8x32(w, at + 32 * c)
         low = dot4_acc(low, low_nibbles(q), broadcast_i8x4(x, x_at + 4 * c))
         high16 = dot4_high_nibbles_acc(high16, q, broadcast_i8x4(x, x_at + 32 + 4 * c))
     return low, high16
+
+
+@njit(cache=True, inline="always")
+def _sub_pair_wide(w, at, x, x_at):
+    """_sub_pair with 16-lane vpdpbusd: chunks c and c+1 as one 64-byte vector (lanes 8-15 the
+    second's rows), each half against its chunk's activations; the halves' sums added at the end
+    (integers: the same result). Half the instructions per weight byte: a 1-token step streams
+    its Q4_K weights ~1.5x faster. 4-token tiles stay on 8 lanes (as fast per byte on a CPU that
+    splits 512-bit vpdpbusd in two, and they would pay for the spreading)."""
+    low = high16 = concat(zeros_i32x8(), zeros_i32x8())
+    for c in range(0, 8, 2):
+        q = load_i8x64(w, at + 32 * c)
+        low = dot4_acc(low, low_nibbles(q), spread_word_pair(x, x_at + 4 * c))
+        high16 = dot4_high_nibbles_acc(high16, q, spread_word_pair(x, x_at + 32 + 4 * c))
+    return add(low_half(low), high_half(low)), add(low_half(high16), high_half(high16))
 
 
 @njit(cache=True, inline="always")
