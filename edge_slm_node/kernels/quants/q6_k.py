@@ -16,15 +16,17 @@ That is for fewer than 8 tokens; with 8 or more llama.cpp runs its tiled K-quant
 S = sum of the S_l and accumulates acc = fma(float(S) * d, d_x, acc) (the product rounded).
 The kernels here hold those lanes for 8 rows (one F32x8 per lane) and pick each token's order
 by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/quants/common.py;
->= 8: tiled), so they are bit-equal to it whatever else shares the kernel call.
+>= 8: tiled), so they are bit-equal to it whatever else shares the kernel call. Decode steps of
+4+ sessions run 4 of their tokens together, each lane's 6-bit values unpacked once for all four
+(each token still summed as if alone).
 """
 import numpy as np
 from numba import njit
 
-from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
+from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
-                        load_i8x32, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
+                        low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
                         sub_int, wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
@@ -77,18 +79,13 @@ def _scales(rows, base, m):
 
 
 @njit(cache=True, inline="always")
-def _half(w, at, x, x_at, s0, s1, s2, s3):
-    """One lane of one half (chunks at w[at]) for 8 rows . x at x_at, +32, +64, +96, each vector
-    times its scale (s0..s3) -> I32x8 (exact: pairs <= 2 * 63 * 127)."""
-    low, high, bits = load_i8x32(w, at), load_i8x32(w, at + 32), load_i8x32(w, at + 64)
-    v0 = bits_or(low_nibbles(low), shift_left(mask_bits(bits, 3), 4))
-    v1 = bits_or(low_nibbles(high), shift_left(mask_bits(bits, 12), 2))
-    v2 = bits_or(high_nibbles(low), mask_bits(bits, 48))
-    v3 = bits_or(high_nibbles(high), shift_right(mask_bits(bits, 192), 2))
-    s = dot_pairs_i16(dot_pairs_u8_i8(v0, broadcast_i8x4(x, x_at)), s0)
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v1, broadcast_i8x4(x, x_at + 32)), s1))
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v2, broadcast_i8x4(x, x_at + 64)), s2))
-    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v3, broadcast_i8x4(x, x_at + 96)), s3))
+def _half_dots(v, x, x_at, s0, s1, s2, s3):
+    """One lane of one half for 8 rows, its 4 vectors unpacked (v, _six_bits) . x at x_at, +32, +64,
+    +96, each vector times its scale (s0..s3) -> I32x8 (exact: pairs <= 2 * 63 * 127)."""
+    s = dot_pairs_i16(dot_pairs_u8_i8(v[0], broadcast_i8x4(x, x_at)), s0)
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v[1], broadcast_i8x4(x, x_at + 32)), s1))
+    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v[2], broadcast_i8x4(x, x_at + 64)), s2))
+    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v[3], broadcast_i8x4(x, x_at + 96)), s3))
 
 
 TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at least this many tokens
@@ -97,12 +94,23 @@ TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at l
 @njit(cache=True, inline="always")
 def _lane(w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
     """S_lane (I32x8) of super-block b for 8 rows; e0..e7: the scales of the lane's half (see top)."""
-    at, x_at = base + _LANES + 192 * lane, b * 256 + 4 * lane
-    s = add(_half(w, at, x, x_at, e0, e1, e2, e3), _half(w, at + 96, x, x_at + 128, e4, e5, e6, e7))
-    m = 2 * lane
-    offset = add(mul_i32(load_i8x8_as_i32(w, base + _SCALES + 8 * m), splat_i32(bsums[b * 16 + m])),
-                 mul_i32(load_i8x8_as_i32(w, base + _SCALES + 8 * m + 8), splat_i32(bsums[b * 16 + m + 1])))
-    return sub_int(s, shift_left(offset, 5))
+    first, second = _lane_bits(w, base, lane)
+    return _lane_sum(first, second, w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7)
+
+
+@njit(cache=True, inline="always")
+def _lane_bits(w, base, lane):
+    """The 6-bit values of a lane's two halves for 8 rows (_six_bits each)."""
+    at = base + _LANES + 192 * lane
+    return _six_bits(w, at), _six_bits(w, at + 96)
+
+
+@njit(cache=True, inline="always")
+def _lane_sum(first, second, w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
+    """S_lane (I32x8) for one token from the lane's unpacked halves (first, second: _six_bits)."""
+    x_at = b * 256 + 4 * lane
+    s = add(_half_dots(first, x, x_at, e0, e1, e2, e3), _half_dots(second, x, x_at + 128, e4, e5, e6, e7))
+    return sub_int(s, _offset(w, base, bsums, b, 2 * lane))
 
 
 @njit(cache=True)
@@ -127,6 +135,54 @@ def _group_one(w, xq, xd, bsums, out, t, col):
         a6 = fma(dd, to_f32(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7)), a6)
         a7 = fma(dd, to_f32(_lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7)), a7)
     store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+
+
+@njit(cache=True, inline="always")
+def _into_lane(lanes, at, dd, s):
+    """lanes[at:at+8] = fma(dd, float(s), lanes[at:at+8]): one token's lane accumulator in memory."""
+    store_f32x8(lanes, at, fma(dd, to_f32(s), load_f32x8(lanes, at)))
+
+
+@njit(cache=True, inline="always")
+def _lanes_total(lanes, at):
+    """vector_lane_sum of the 8 lane accumulators at lanes[at..at+63]."""
+    return vector_lane_sum(load_f32x8(lanes, at), load_f32x8(lanes, at + 8), load_f32x8(lanes, at + 16),
+                           load_f32x8(lanes, at + 24), load_f32x8(lanes, at + 32), load_f32x8(lanes, at + 40),
+                           load_f32x8(lanes, at + 48), load_f32x8(lanes, at + 56))
+
+
+@njit(cache=True)
+def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
+    """_group_one for 4 tokens (distinct), each in its own lane order as if alone, each lane's 6-bit
+    values unpacked once for all four (decode steps of 4+ sessions); lanes: 256 float32 of scratch
+    (the 32 lane accumulators do not fit in registers)."""
+    lanes[:] = 0.0
+    x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
+    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
+    for b in range(xd.shape[1]):
+        base = b * GROUP_BLOCK_BYTES
+        d = load_halves_as_f32(w, base)
+        d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
+        d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
+        for side in range(2):                       # lanes 0-3 take the even scales, 4-7 the odd ones
+            e0, e1, e2, e3 = (_scales(w, base, side), _scales(w, base, 2 + side), _scales(w, base, 4 + side),
+                              _scales(w, base, 6 + side))
+            e4, e5, e6, e7 = (_scales(w, base, 8 + side), _scales(w, base, 10 + side), _scales(w, base, 12 + side),
+                              _scales(w, base, 14 + side))
+            for lane in range(4 * side, 4 * side + 4):
+                first, second = _lane_bits(w, base, lane)
+                _into_lane(lanes, 8 * lane, d0,
+                           _lane_sum(first, second, w, base, x0, u0, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                _into_lane(lanes, 64 + 8 * lane, d1,
+                           _lane_sum(first, second, w, base, x1, u1, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                _into_lane(lanes, 128 + 8 * lane, d2,
+                           _lane_sum(first, second, w, base, x2, u2, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                _into_lane(lanes, 192 + 8 * lane, d3,
+                           _lane_sum(first, second, w, base, x3, u3, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+    store_f32x8(out[t0], col, _lanes_total(lanes, 0))
+    store_f32x8(out[t1], col, _lanes_total(lanes, 64))
+    store_f32x8(out[t2], col, _lanes_total(lanes, 128))
+    store_f32x8(out[t3], col, _lanes_total(lanes, 192))
 
 
 @njit(cache=True, inline="always")
@@ -239,11 +295,20 @@ def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
 
 
 @njit(cache=True, inline="always")
-def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length):
-    """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8]."""
+def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length, lanes):
+    """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8], 4 at
+    a time; lanes: _group_one4's scratch."""
+    g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
     for t in range(xd.shape[0]):
-        if not in_tiled_call(call_length, t, TILED_MIN_TOKENS):
-            _group_one(w, xq, xd, bsums, out, t, col)
+        if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+            continue
+        if pending == 3:
+            _group_one4(w, xq, xd, bsums, out, g0, g1, g2, t, col, lanes)
+            pending = 0
+        else:
+            pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
+    for k in range(pending):                        # fewer than 4 left: alone
+        _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
 
 
 @njit(cache=True, inline="always")
@@ -262,18 +327,19 @@ def _groups(first, last, packed, acts, outs, part_ends):
     at once."""
     xq, xd, bsums, _, call_length = acts
     pairs = wide_dot4_available() and _any_tiled_token(call_length)     # decode steps: one group at a time
+    lanes = np.empty(256, np.float32)
     i = first
     while i < last:                                 # groups in memory order (a decode step streams them)
         part, col = locate(part_ends, i)
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
             _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length)
-            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length)
+            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length, lanes)
+            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length, lanes)
             i += 2
         else:
             _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length)
+            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length, lanes)
             i += 1
 
 
