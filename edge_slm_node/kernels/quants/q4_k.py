@@ -18,7 +18,8 @@ run 4 at a time (a token's result does not depend on its tile partners; a short 
 repeats one). Tail rows (in GGUF layout) follow the same rule (llama.cpp
 itself would not repack a matrix with rows % 8 != 0: its vec_dot order then, not emulated).
 The sub-block dots are vpdpbusd where the CPU has VNNI (high nibbles as q & 0xF0, i.e. 16x,
-undone after the scale multiply: exact); a gemm tile of 4 tokens unpacks each chunk once, and so
+undone after the scale multiply: exact), 16 lanes wide for one decode token (two chunks a vector,
+_sub_pair_wide) where it has AVX512-VNNI; a gemm tile of 4 tokens unpacks each chunk once, and so
 do 4 tokens in the gemv's order (a decode step of 4+ sessions), each still summed as if alone.
 """
 import numpy as np
@@ -89,9 +90,10 @@ def _sub_pair(w, at, x, x_at):
 def _sub_pair_wide(w, at, x, x_at):
     """_sub_pair with 16-lane vpdpbusd: chunks c and c+1 as one 64-byte vector (lanes 8-15 the
     second's rows), each half against its chunk's activations; the halves' sums added at the end
-    (integers: the same result). Half the instructions per weight byte: a 1-token step streams
-    its Q4_K weights ~1.5x faster. 4-token tiles stay on 8 lanes (as fast per byte on a CPU that
-    splits 512-bit vpdpbusd in two, and they would pay for the spreading)."""
+    (integers: the same result)."""
+    # Half the instructions per weight byte keeps more loads in flight while a decode step streams
+    # the weights. The 4-token tiles compute rather than wait, and on a CPU that runs a 512-bit
+    # vpdpbusd as two 256-bit halves they only paid for the spreading: they stay 8 lanes wide.
     low = high16 = concat(zeros_i32x8(), zeros_i32x8())
     for c in range(0, 8, 2):
         q = load_i8x64(w, at + 32 * c)

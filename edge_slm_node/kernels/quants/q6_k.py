@@ -26,8 +26,7 @@ from numba import njit
 from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
-                        low_nibbles, mask_bits, mul_i32, shift_left, shift_right,
-                        sub_int, wide_dot4_available)
+                        low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int, wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
