@@ -7,7 +7,8 @@ code would explain it: a listener regenerates its port on its own thread, replac
 that Listener::close uses on the destroying thread, with no lock between them (3.2, and
 upstream today). So the participants of this process do not use shared memory; node processes
 and every other child keep Fast DDS's default transports (shared memory and UDP) and talk to
-these over UDP.
+these over UDP. Known not to work as the tests run: under ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+(conftest.py) the participant still maps Fast DDS's shared-memory port segments (README, Tests).
 """
 from __future__ import annotations
 
