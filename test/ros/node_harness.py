@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from in_process_node import create_udp_node
+from in_process_node import create_udp_client
 
 REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600.0         # model load + numba compile on a cold cache
@@ -116,7 +116,6 @@ class RosClient:
     """An rclpy node in a private context with helpers that spin until something happens."""
 
     def __init__(self, node_process, namespace: str = ""):
-        import rclpy
         from rclpy.executors import SingleThreadedExecutor
         from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -126,9 +125,9 @@ class RosClient:
 
         self.node_process = node_process
         self.other_logs = {}          # name -> a callable giving another process's output, for failure messages
-        self.context = rclpy.Context()
-        rclpy.init(context=self.context, domain_id=int(node_process.env.get("ROS_DOMAIN_ID", "0")))   # ROS default: 0
-        self.node = create_udp_node("edge_slm_test_client", self.context, namespace or None)
+        self.context, self.node = create_udp_client(
+            "edge_slm_test_client", int(node_process.env.get("ROS_DOMAIN_ID", "0")),   # ROS default: 0
+            namespace or None)
         self.executor = SingleThreadedExecutor(context=self.context)
         self.executor.add_node(self.node)
         qos = QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from in_process_node import create_udp_node
+from in_process_node import create_udp_client, fastdds_shared_memory_mappings
 
 PEER_PATH = Path(__file__).with_name('interface_peer.py')
 DISCOVERY_TIMEOUT_S = 30.0
@@ -55,9 +55,7 @@ def ros_node(ros_env):
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
 
-    context = rclpy.Context()
-    rclpy.init(context=context)
-    node = create_udp_node('interface_test_client', context)
+    context, node = create_udp_client('interface_test_client')
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
     try:
@@ -145,6 +143,9 @@ def test_interfaces_across_processes(peer_process, ros_node):
     assert [s.state for s in pool.sessions] == ['idle', 'queued']
     assert pool.preemptions == 2**64 - 1
     assert (pool.stamp.sec, pool.stamp.nanosec) == (1_700_000_000, 123_456_789)
+    # all of it over UDP: the peer (LOCALHOST range, default transports) reached this process's
+    # participant, which maps none of Fast DDS's shared memory (in_process_node.py says why)
+    assert fastdds_shared_memory_mappings() == []
 
 
 def test_message_defaults_match_the_contract(ros_interfaces):
