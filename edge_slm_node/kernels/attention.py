@@ -28,7 +28,9 @@ PROMPT_CHUNK queries, DECODE_CHUNK in the one-token order); one work item is a (
 kv_head). An item converts each K (then V) tile of block_size x head_dim to float32 once
 and uses it for every query head of the group and every query of the chunk; each query keeps
 its own summation order exactly (vectors run along head_dim, or along the output elements
-for P . V, never across the summed index). Small calls run on the calling thread (no parallel
+for P . V, never across the summed index). In the decode orders over longer contexts P . V goes
+lane by lane instead (a lane's positions are every 32nd or 64th): its V rows converted once for
+every query head, its accumulators in registers rather than a store per position. Small calls run on the calling thread (no parallel
 region: waking numba's workers costs 12-70 us here), larger ones on the thread pool with items
 interleaved so that causal prefill splits evenly.
 """
@@ -37,10 +39,10 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd, vec8
-from .attention_math import (DECODE_LANES, PREFETCH_SPANS, PROMPT_LANES, SPAN, WIDE_DECODE_LANES, WIDE_PROMPT_LANES,
-                             hsum_rows, load_span, prefetch_rows, reduce_16, reduce_16_rows, reduce_32, reduce_64,
-                             reduce_64_rows, reduce_rows, scores_64, scores_64_wide, scores_any, weighted_rows,
-                             weighted_rows_streamed)
+from .attention_math import (DECODE_LANES, LANE_ROWS, MIN_ROWS_BY_LANE, PREFETCH_SPANS, PROMPT_LANES, SPAN,
+                             WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows, load_span, load_strided, prefetch_rows,
+                             reduce_16, reduce_16_rows, reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64,
+                             scores_64_wide, scores_any, weighted_lane, weighted_rows, weighted_rows_streamed)
 from .half import round_to_half
 
 PROMPT_CHUNK = 8          # queries per item in the prompt order (8 lanes of accumulators each)
@@ -115,7 +117,8 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     end += count * group * num_lanes * head_dim
     span = work[end:end + SPAN * head_dim]
     result = work[end + SPAN * head_dim:end + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)]
-    streamed = num_lanes >= DECODE_LANES         # P . V by weighted_rows_streamed, which clears acc itself
+    streamed = num_lanes >= DECODE_LANES         # P . V by weighted_rows_streamed or by lane: acc cleared there
+    by_lane = streamed and max_context - base >= MIN_ROWS_BY_LANE * num_lanes
     if not streamed:
         for i in range(0, acc.shape[0] // 8 * 8, 8):
             simd.store_f32x8(acc, i, simd.zeros_f32x8())
@@ -198,22 +201,26 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
             for s in range(base, context, 8):
                 simd.store_f32x8(scores, at + s, vec8.round_half(simd.mul(simd.load_f32x8(scores, at + s), inverse)))
     # out = P . V: lane p % num_lanes of each output element sums its positions in order
-    for start in range(base, max_context, SPAN):
-        rows = min(SPAN, max_context - start)
-        ahead = start + PREFETCH_SPANS * SPAN
-        if ahead < max_context:
-            prefetch_rows(v_cache, table, kv_head, ahead, min(ahead + SPAN, max_context), head_dim)
-        load_span(v_cache, table, kv_head, start, rows, span, head_dim)
-        for m in range(count):
-            n = min(rows, token_context[first_token + m] - start)
-            if n <= 0:
-                continue
-            for g in range(group):
-                at_w, at_acc = (m * group + g) * width + start, (m * group + g) * num_lanes * head_dim
-                if streamed:
-                    weighted_rows_streamed(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc, start == base)
-                else:
-                    weighted_rows(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc)
+    if by_lane:
+        _weighted_by_lane(v_cache, table, kv_head, base, max_context, first_token, count, token_context, group,
+                          width, scores, num_lanes, acc, span, head_dim)
+    else:
+        for start in range(base, max_context, SPAN):
+            rows = min(SPAN, max_context - start)
+            ahead = start + PREFETCH_SPANS * SPAN
+            if ahead < max_context:
+                prefetch_rows(v_cache, table, kv_head, ahead, min(ahead + SPAN, max_context), head_dim)
+            load_span(v_cache, table, kv_head, start, rows, span, head_dim)
+            for m in range(count):
+                n = min(rows, token_context[first_token + m] - start)
+                if n <= 0:
+                    continue
+                for g in range(group):
+                    at_w, at_acc = (m * group + g) * width + start, (m * group + g) * num_lanes * head_dim
+                    if streamed:
+                        weighted_rows_streamed(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc, start == base)
+                    else:
+                        weighted_rows(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc)
     for m in range(count):
         t = first_token + m
         for g in range(group):
@@ -246,6 +253,35 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                 else:
                     result[d] = reduce_32(acc[at + d:at + d + 32 * head_dim:head_dim], 0)
                 out[t, h, d] = result[d]
+
+
+@njit(cache=True, inline="always")
+def _weighted_by_lane(v_cache, table, kv_head, base, max_context, first_token, count, token_context, group, width,
+                      scores, num_lanes, acc, rows, head_dim):
+    """P . V in a decode order (32 or 64 lanes), lane by lane: the lane's V rows (positions
+    base + lane, + num_lanes, ...) converted to float32 into `rows`, LANE_ROWS at a time, then
+    used from L1 by every query head with the lane's accumulators in registers."""
+    # the K pass prefetched the first spans; the rest now, or each lane's strided rows wait for memory
+    prefetch_rows(v_cache, table, kv_head, min(max_context, base + PREFETCH_SPANS * SPAN), max_context, head_dim)
+    for lane in range(num_lanes):
+        if base + lane >= max_context:           # no row reaches this lane
+            for m in range(count):
+                for g in range(group):
+                    weighted_lane(rows, 0, head_dim, scores, 0, num_lanes, acc,
+                                  ((m * group + g) * num_lanes + lane) * head_dim, True)
+            continue
+        for first in range(base + lane, max_context, LANE_ROWS * num_lanes):
+            converted = min(LANE_ROWS, (max_context - first + num_lanes - 1) // num_lanes)
+            load_strided(v_cache, table, kv_head, first, num_lanes, converted, rows, head_dim)
+            for m in range(count):
+                visible = max(0, token_context[first_token + m] - first)       # positions of this query
+                n = min(converted, (visible + num_lanes - 1) // num_lanes)
+                starts = first == base + lane
+                if n == 0 and not starts:
+                    continue
+                for g in range(group):
+                    weighted_lane(rows, n, head_dim, scores, (m * group + g) * width + first, num_lanes, acc,
+                                  ((m * group + g) * num_lanes + lane) * head_dim, starts)
 
 
 # ------------------------------------------------------------------------------- drivers

@@ -346,6 +346,19 @@ def test_kernel_is_bit_equal_to_the_frozen_reference(prompt, heads, kv_heads, he
         assert np.array_equal(got_q.view(np.uint32), expected_q.view(np.uint32)), runs
 
 
+@pytest.mark.parametrize("head_dim", [64, 80])
+def test_decode_order_over_long_contexts_is_bit_equal_to_the_frozen_reference(head_dim):
+    """Contexts past LANE_ROWS rows per lane: each lane's accumulators carried across its row groups."""
+    rng = np.random.default_rng(head_dim)
+    scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))
+    q, k_cache, v_cache, tables, seq, context, prompt_order = random_batch(rng, 9, 3, head_dim, 16,
+                                                                          [(1100, 1), (530, 2)], 0, True)
+    expected_q, expected = frozen_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, scale)
+    got = np.full_like(q, np.nan)
+    paged_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, scale, got, parallel=False)
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
 def test_automatic_driver_choice_with_a_preallocated_work_buffer():
     """The call transformer.py makes (work buffer allocated once for the longest context) picks a driver by size."""
     rng = np.random.default_rng(5)
