@@ -13,7 +13,7 @@ LOCALHOST discovery range (conftest.py) a shared-memory transport of its own, wh
 FASTDDS_BUILTIN_TRANSPORTS says, and rclpy.init fixes the range for its context; so the context
 is made with the range left to Fast DDS, and its participant (made with its first node) with
 UDPv4 as the only built-in transport. Its peers still find it: they announce themselves to
-127.0.0.1, where it listens (test_in_process_node.py checks both halves).
+127.0.0.1, where it listens (test_interfaces.py checks both: the round trip, then /proc/self/maps).
 """
 from __future__ import annotations
 
