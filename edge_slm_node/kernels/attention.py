@@ -30,9 +30,9 @@ and uses it for every query head of the group and every query of the chunk; each
 its own summation order exactly (vectors run along head_dim, or along the output elements
 for P . V, never across the summed index). In the decode orders over longer contexts P . V goes
 lane by lane instead (a lane's positions are every 32nd or 64th): its V rows converted once for
-every query head, its accumulators in registers rather than a store per position. Small calls run on the calling thread (no parallel
-region: waking numba's workers costs 12-70 us here), larger ones on the thread pool with items
-interleaved so that causal prefill splits evenly.
+every query head, its accumulators in registers rather than a store per position. Small calls
+run on the calling thread (no parallel region: waking numba's workers costs 12-70 us here),
+larger ones on the thread pool with items interleaved so that causal prefill splits evenly.
 """
 import numba
 import numpy as np
@@ -42,7 +42,8 @@ from . import simd, vec8
 from .attention_math import (DECODE_LANES, LANE_ROWS, MIN_ROWS_BY_LANE, PREFETCH_SPANS, PROMPT_LANES, SPAN,
                              WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows, load_span, load_strided, prefetch_rows,
                              reduce_16, reduce_16_rows, reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64,
-                             scores_64_wide, scores_any, weighted_lane, weighted_rows, weighted_rows_streamed)
+                             scores_64_wide, scores_128_wide, scores_any, weighted_lane, weighted_rows,
+                             weighted_rows_streamed)
 from .half import round_to_half
 
 PROMPT_CHUNK = 8          # queries per item in the prompt order (8 lanes of accumulators each)
@@ -82,6 +83,9 @@ def _attend(q, k_cache, v_cache, table, first_token, count, token_context, kv_he
     if q.shape[2] == 64:             # a literal: the inlined copy has constant offsets
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
                      work, 64, avx512, window)
+    elif q.shape[2] == 128:
+        _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
+                     work, 128, avx512, window)
     else:
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
                      work, q.shape[2], avx512, window)
@@ -159,6 +163,8 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                     scores_64_wide(span, n, queries, at_q, qk_prompt, scale, scores, at_s)
                 elif head_dim == 64:
                     scores_64(span, n, queries, at_q, qk_prompt, scale, scores, at_s)
+                elif head_dim == 128 and avx512:
+                    scores_128_wide(span, n, queries, at_q, qk_prompt, scale, scores, at_s)
                 else:
                     scores_any(span, n, head_dim, queries, at_q, qk_prompt, scale, scores, at_s, avx512)
     # softmax: vector exp, float32 sums of 8 (avx512: 16) aligned positions accumulated in float64

@@ -346,6 +346,60 @@ def scores_64_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
 
 
 @njit(cache=True, inline="always")
+def scores_128_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
+    """head_dim 128, the AVX-512 build's orders (dot_prompt_wide, dot_decode_wide), query in registers."""
+    q0, q1, q2, q3 = _query(queries, at_q, 0), _query(queries, at_q, 1), _query(queries, at_q, 2), \
+        _query(queries, at_q, 3)
+    q4, q5, q6, q7 = _query(queries, at_q, 4), _query(queries, at_q, 5), _query(queries, at_q, 6), \
+        _query(queries, at_q, 7)
+    q8, q9, q10, q11 = _query(queries, at_q, 8), _query(queries, at_q, 9), _query(queries, at_q, 10), \
+        _query(queries, at_q, 11)
+    q12, q13, q14, q15 = _query(queries, at_q, 12), _query(queries, at_q, 13), _query(queries, at_q, 14), \
+        _query(queries, at_q, 15)
+    for o in range(n):
+        at = o * 128
+        if prompt:      # 16 lanes over 8 steps: even chunks low, odd chunks high
+            low = simd.mul(simd.load_f32x8(span, at), q0)
+            high = simd.mul(simd.load_f32x8(span, at + 8), q1)
+            low = _plus_key(span, at, 16, q2, low)
+            high = _plus_key(span, at, 24, q3, high)
+            low = _plus_key(span, at, 32, q4, low)
+            high = _plus_key(span, at, 40, q5, high)
+            low = _plus_key(span, at, 48, q6, low)
+            high = _plus_key(span, at, 56, q7, high)
+            low = _plus_key(span, at, 64, q8, low)
+            high = _plus_key(span, at, 72, q9, high)
+            low = _plus_key(span, at, 80, q10, low)
+            high = _plus_key(span, at, 88, q11, high)
+            low = _plus_key(span, at, 96, q12, low)
+            high = _plus_key(span, at, 104, q13, high)
+            low = _plus_key(span, at, 112, q14, low)
+            high = _plus_key(span, at, 120, q15, high)
+            scores[at_s + o] = vec8.hsum(simd.add(high, low)) * scale
+        else:           # 64 lanes over 2 steps, then reduce_64_vectors
+            c0 = _plus_key(span, at, 64, q8, simd.mul(simd.load_f32x8(span, at), q0))
+            c1 = _plus_key(span, at, 72, q9, simd.mul(simd.load_f32x8(span, at + 8), q1))
+            c2 = _plus_key(span, at, 80, q10, simd.mul(simd.load_f32x8(span, at + 16), q2))
+            c3 = _plus_key(span, at, 88, q11, simd.mul(simd.load_f32x8(span, at + 24), q3))
+            c4 = _plus_key(span, at, 96, q12, simd.mul(simd.load_f32x8(span, at + 32), q4))
+            c5 = _plus_key(span, at, 104, q13, simd.mul(simd.load_f32x8(span, at + 40), q5))
+            c6 = _plus_key(span, at, 112, q14, simd.mul(simd.load_f32x8(span, at + 48), q6))
+            c7 = _plus_key(span, at, 120, q15, simd.mul(simd.load_f32x8(span, at + 56), q7))
+            scores[at_s + o] = np.float32(np.float64(reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7))) * scale
+
+
+@njit(cache=True, inline="always")
+def _query(queries, at_q, chunk):
+    return simd.load_f32x8(queries, at_q + 8 * chunk)
+
+
+@njit(cache=True, inline="always")
+def _plus_key(span, at, offset, query, lanes):
+    """lanes + span[at + offset: +8] * query (fp16 values: exact products)."""
+    return simd.add_exact_product(simd.load_f32x8(span, at + offset), query, lanes)
+
+
+@njit(cache=True, inline="always")
 def scores_any(span, n, head_dim, queries, at_q, prompt, scale, scores, at_s, avx512=False):
     """Any head_dim (prompt: a multiple of 8, of 16 with avx512)."""
     for o in range(n):

@@ -180,7 +180,7 @@ def _batch(rng, heads, kv_heads, head_dim, block_size, runs, prompt):
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
-@pytest.mark.parametrize("head_dim", [64, 48, 20, 80])
+@pytest.mark.parametrize("head_dim", [64, 48, 20, 80, 128])
 @pytest.mark.parametrize("runs", [[(1, 1)], [(17, 1), (130, 1)], [(33, 1), (80, 11)], [(15, 15), (130, 9), (64, 2)],
                                   [(1100, 1), (1030, 2)]],
                          ids=["one", "decode", "mixed", "prompts", "long"])
