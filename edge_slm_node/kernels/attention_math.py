@@ -242,15 +242,10 @@ def reduce_64_rows(acc, at, step):
 def load_span(cache, table, kv_head, start, rows, span, head_dim):
     """cache rows of positions start..start+rows (via table) for kv_head -> span (SPAN*head_dim,) f32."""
     block_size = cache.shape[1]
-    vector_end = head_dim // 8 * 8 if cache.strides[3] == 2 else 0
     b, offset = start // block_size, start % block_size
     block = table[b]
     for o in range(rows):
-        at = (block * cache.strides[0] + offset * cache.strides[1] + kv_head * cache.strides[2]) // 2
-        for d in range(0, vector_end, 8):
-            simd.store_f32x8(span, o * head_dim + d, vec8.load_half(cache, at + d))
-        for d in range(vector_end, head_dim):
-            span[o * head_dim + d] = half_to_float(cache[block, offset, kv_head, d])
+        _convert_row(cache, block, offset, kv_head, span, o * head_dim, head_dim)
         offset += 1
         if offset == block_size:
             offset = 0
@@ -264,15 +259,20 @@ def load_strided(cache, table, kv_head, first, step, rows, span, head_dim):
     """cache rows of positions first, first + step, ... (rows of them, via table) for kv_head ->
     span (rows*head_dim,) f32."""
     block_size = cache.shape[1]
-    vector_end = head_dim // 8 * 8 if cache.strides[3] == 2 else 0
     for r in range(rows):
         p = first + r * step
-        block, offset = table[p // block_size], p % block_size
-        at = (block * cache.strides[0] + offset * cache.strides[1] + kv_head * cache.strides[2]) // 2
-        for d in range(0, vector_end, 8):
-            simd.store_f32x8(span, r * head_dim + d, vec8.load_half(cache, at + d))
-        for d in range(vector_end, head_dim):
-            span[r * head_dim + d] = half_to_float(cache[block, offset, kv_head, d])
+        _convert_row(cache, table[p // block_size], p % block_size, kv_head, span, r * head_dim, head_dim)
+
+
+@njit(cache=True, inline="always")
+def _convert_row(cache, block, offset, kv_head, span, at_span, head_dim):
+    """cache[block, offset, kv_head] (fp16 bits) -> span[at_span:at_span+head_dim] f32."""
+    vector_end = head_dim // 8 * 8 if cache.strides[3] == 2 else 0
+    at = (block * cache.strides[0] + offset * cache.strides[1] + kv_head * cache.strides[2]) // 2
+    for d in range(0, vector_end, 8):
+        simd.store_f32x8(span, at_span + d, vec8.load_half(cache, at + d))
+    for d in range(vector_end, head_dim):
+        span[at_span + d] = half_to_float(cache[block, offset, kv_head, d])
 
 
 @njit(cache=True, inline="always")
@@ -348,14 +348,14 @@ def scores_64_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
 @njit(cache=True, inline="always")
 def scores_128_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
     """head_dim 128, the AVX-512 build's orders (dot_prompt_wide, dot_decode_wide), query in registers."""
-    q0, q1, q2, q3 = _query(queries, at_q, 0), _query(queries, at_q, 1), _query(queries, at_q, 2), \
-        _query(queries, at_q, 3)
-    q4, q5, q6, q7 = _query(queries, at_q, 4), _query(queries, at_q, 5), _query(queries, at_q, 6), \
-        _query(queries, at_q, 7)
-    q8, q9, q10, q11 = _query(queries, at_q, 8), _query(queries, at_q, 9), _query(queries, at_q, 10), \
-        _query(queries, at_q, 11)
-    q12, q13, q14, q15 = _query(queries, at_q, 12), _query(queries, at_q, 13), _query(queries, at_q, 14), \
-        _query(queries, at_q, 15)
+    q0, q1, q2, q3 = _row(queries, at_q, 8, 0), _row(queries, at_q, 8, 1), _row(queries, at_q, 8, 2), \
+        _row(queries, at_q, 8, 3)
+    q4, q5, q6, q7 = _row(queries, at_q, 8, 4), _row(queries, at_q, 8, 5), _row(queries, at_q, 8, 6), \
+        _row(queries, at_q, 8, 7)
+    q8, q9, q10, q11 = _row(queries, at_q, 8, 8), _row(queries, at_q, 8, 9), _row(queries, at_q, 8, 10), \
+        _row(queries, at_q, 8, 11)
+    q12, q13, q14, q15 = _row(queries, at_q, 8, 12), _row(queries, at_q, 8, 13), _row(queries, at_q, 8, 14), \
+        _row(queries, at_q, 8, 15)
     for o in range(n):
         at = o * 128
         if prompt:      # 16 lanes over 8 steps: even chunks low, odd chunks high
@@ -385,12 +385,7 @@ def scores_128_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
             c5 = _plus_key(span, at, 104, q13, simd.mul(simd.load_f32x8(span, at + 40), q5))
             c6 = _plus_key(span, at, 112, q14, simd.mul(simd.load_f32x8(span, at + 48), q6))
             c7 = _plus_key(span, at, 120, q15, simd.mul(simd.load_f32x8(span, at + 56), q7))
-            scores[at_s + o] = np.float32(np.float64(reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7))) * scale
-
-
-@njit(cache=True, inline="always")
-def _query(queries, at_q, chunk):
-    return simd.load_f32x8(queries, at_q + 8 * chunk)
+            scores[at_s + o] = reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7) * scale
 
 
 @njit(cache=True, inline="always")
