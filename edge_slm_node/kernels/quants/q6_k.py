@@ -25,8 +25,9 @@ from numba import njit
 
 from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
-from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
-                        low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int, wide_dot4_available)
+from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_i16, dot_pairs_i16, dot_pairs_u8_i8,
+                        high_nibbles, i16_pairs, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left,
+                        shift_right, sub_int, wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
@@ -94,7 +95,8 @@ TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at l
 def _lane(w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
     """S_lane (I32x8) of super-block b for 8 rows; e0..e7: the scales of the lane's half (see top)."""
     first, second = _lane_bits(w, base, lane)
-    return _lane_sum(first, second, w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7)
+    return sub_int(_lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7),
+                   _offset(w, base, bsums, b, 2 * lane))
 
 
 @njit(cache=True, inline="always")
@@ -105,11 +107,39 @@ def _lane_bits(w, base, lane):
 
 
 @njit(cache=True, inline="always")
-def _lane_sum(first, second, w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
-    """S_lane (I32x8) for one token from the lane's unpacked halves (first, second: _six_bits)."""
+def _lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
+    """S_lane (I32x8) for one token without its offset, from the lane's unpacked halves (first,
+    second: _six_bits)."""
     x_at = b * 256 + 4 * lane
-    s = add(_half_dots(first, x, x_at, e0, e1, e2, e3), _half_dots(second, x, x_at + 128, e4, e5, e6, e7))
-    return sub_int(s, _offset(w, base, bsums, b, 2 * lane))
+    return add(_half_dots(first, x, x_at, e0, e1, e2, e3), _half_dots(second, x, x_at + 128, e4, e5, e6, e7))
+
+
+@njit(cache=True, inline="always")
+def _lane_sum_paired(first, second, scale_pair, x, sum_pairs, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
+    """S_lane (I32x8) for one token, its offset -32 * (sc[2l] * bsum[2l] + sc[2l+1] * bsum[2l+1])
+    one pmaddwd of the lane's scale pair (_scale_pair) and the token's sum pair (_negated_sum_pairs)."""
+    return add(_lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7),
+               dot_halves_i16(scale_pair, broadcast_i32(sum_pairs, 8 * b + lane)))
+
+
+@njit(cache=True, inline="always")
+def _scale_pair(w, base, lane):
+    """32 * sc[2 lane] and 32 * sc[2 lane + 1] of 8 rows as the low and high int16 of an I32x8
+    (|32 * sc| <= 4096)."""
+    at = base + _SCALES + 16 * lane
+    return bits_or(mask_bits(shift_left(load_i8x8_as_i32(w, at), 5), 0xFFFF), shift_left(load_i8x8_as_i32(w, at + 8), 21))
+
+
+@njit(cache=True)
+def _negated_sum_pairs(bsums, call_length, pairs):
+    """Q8_K block sums (T, K/16) -> pairs (T, K/32) int32: -bsum[2m] and -bsum[2m+1] as its low and
+    high int16 (|bsum| <= 16 * 128), for the tokens the vec_dot order takes (the others' rows unset)."""
+    for t in range(pairs.shape[0]):
+        if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
+            continue
+        for m in range(pairs.shape[1]):
+            low, high = -bsums[t, 2 * m], -bsums[t, 2 * m + 1]
+            pairs[t, m] = np.int32((low & 0xFFFF) | (high << 16))
 
 
 @njit(cache=True)
@@ -151,13 +181,13 @@ def _lanes_total(lanes, at):
 
 
 @njit(cache=True)
-def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
+def _group_one4(w, xq, xd, sum_pairs, out, t0, t1, t2, t3, col, lanes):
     """_group_one for 4 tokens (distinct), each in its own lane order as if alone, each lane's 6-bit
     values unpacked once for all four (decode steps of 4+ sessions); lanes: 256 float32 of scratch
     (the 32 lane accumulators do not fit in registers)."""
     lanes[:] = 0.0
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
-    u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
+    u0, u1, u2, u3 = sum_pairs[t0], sum_pairs[t1], sum_pairs[t2], sum_pairs[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         d = load_halves_as_f32(w, base)
@@ -170,14 +200,15 @@ def _group_one4(w, xq, xd, bsums, out, t0, t1, t2, t3, col, lanes):
                               _scales(w, base, 14 + side))
             for lane in range(4 * side, 4 * side + 4):
                 first, second = _lane_bits(w, base, lane)
+                pair = _scale_pair(w, base, lane)
                 _into_lane(lanes, 8 * lane, d0,
-                           _lane_sum(first, second, w, base, x0, u0, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x0, u0, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
                 _into_lane(lanes, 64 + 8 * lane, d1,
-                           _lane_sum(first, second, w, base, x1, u1, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x1, u1, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
                 _into_lane(lanes, 128 + 8 * lane, d2,
-                           _lane_sum(first, second, w, base, x2, u2, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x2, u2, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
                 _into_lane(lanes, 192 + 8 * lane, d3,
-                           _lane_sum(first, second, w, base, x3, u3, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x3, u3, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
     store_f32x8(out[t0], col, _lanes_total(lanes, 0))
     store_f32x8(out[t1], col, _lanes_total(lanes, 64))
     store_f32x8(out[t2], col, _lanes_total(lanes, 128))
@@ -294,15 +325,15 @@ def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
 
 
 @njit(cache=True, inline="always")
-def _vec_dot_tokens(w, xq, xd, bsums, out, col, call_length, lanes):
+def _vec_dot_tokens(w, xq, xd, bsums, sum_pairs, out, col, call_length, lanes):
     """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8], 4 at
-    a time; lanes: _group_one4's scratch."""
+    a time; sum_pairs: _negated_sum_pairs; lanes: _group_one4's scratch."""
     g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
     for t in range(xd.shape[0]):
         if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
             continue
         if pending == 3:
-            _group_one4(w, xq, xd, bsums, out, g0, g1, g2, t, col, lanes)
+            _group_one4(w, xq, xd, sum_pairs, out, g0, g1, g2, t, col, lanes)
             pending = 0
         else:
             pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
@@ -327,18 +358,20 @@ def _groups(first, last, packed, acts, outs, part_ends):
     xq, xd, bsums, _, call_length = acts
     pairs = wide_dot4_available() and _any_tiled_token(call_length)     # decode steps: one group at a time
     lanes = np.empty(256, np.float32)
+    sum_pairs = np.empty((bsums.shape[0], bsums.shape[1] // 2), np.int32)
+    _negated_sum_pairs(bsums, call_length, sum_pairs)
     i = first
     while i < last:                                 # groups in memory order (a decode step streams them)
         part, col = locate(part_ends, i)
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
             _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length, lanes)
-            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_length, lanes)
+            _vec_dot_tokens(packed[i], xq, xd, bsums, sum_pairs, outs[part], col, call_length, lanes)
+            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, sum_pairs, outs[part1], col1, call_length, lanes)
             i += 2
         else:
             _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, bsums, outs[part], col, call_length, lanes)
+            _vec_dot_tokens(packed[i], xq, xd, bsums, sum_pairs, outs[part], col, call_length, lanes)
             i += 1
 
 
