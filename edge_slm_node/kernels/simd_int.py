@@ -186,6 +186,25 @@ def dot_halves_i16(typingctx, a, b):
     return a(a, b), codegen
 
 
+@intrinsic
+def dot_halves_acc(typingctx, acc, a, b):
+    """acc + dot_halves_i16(a, b) (I32x8): one vpdpwssd where the CPU has VNNI, kept where it is
+    written (LLVM turns a tree of adds of pmaddwd results into one serial vpdpwssd chain)."""
+    if not (isinstance(acc, Vector) and acc.kind == "i32" and acc.count == 8 and acc == a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        if _has_vnni(context, 8):
+            return _x86_call(builder, "llvm.x86.avx512.vpdpwssd.256", _vec("i32", 8), list(args))
+        halves = [builder.bitcast(arg, _vec("i16", 16)) for arg in args[1:]]
+        if _has_features(context, "avx2"):
+            return builder.add(args[0], _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), halves))
+        wide = _vec("i32", 16)
+        products = builder.mul(builder.sext(halves[0], wide), builder.sext(halves[1], wide))
+        return builder.add(args[0], _pair_sums(builder, products, 8))
+    return acc(acc, a, b), codegen
+
+
 # ------------------------------------------- bit fields of the 5- and 6-bit and K-quant types
 
 def _is_int_vector(v) -> bool:

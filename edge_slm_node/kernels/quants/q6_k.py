@@ -18,16 +18,18 @@ The kernels here hold those lanes for 8 rows (one F32x8 per lane) and pick each 
 by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/quants/common.py;
 >= 8: tiled), so they are bit-equal to it whatever else shares the kernel call. Decode steps of
 4+ sessions run 4 of their tokens together, each lane's 6-bit values unpacked once for all four
-(each token still summed as if alone).
+(each token still summed as if alone); there each 4-weight dot is one vpdpbusd, two dots share
+a lane as int16 halves for one pmaddwd by their two scales, and the -32 offset is one pmaddwd:
+fewer multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
 """
 import numpy as np
 from numba import njit
 
 from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
-from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_i16, dot_pairs_i16, dot_pairs_u8_i8,
-                        high_nibbles, i16_pairs, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left,
-                        shift_right, sub_int, wide_dot4_available)
+from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_acc, dot_halves_i16, dot_pairs_i16,
+                        dot_pairs_u8_i8, high_nibbles, i16_pairs, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32,
+                        shift_left, shift_right, sub_int, wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
@@ -115,11 +117,34 @@ def _lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
 
 
 @njit(cache=True, inline="always")
-def _lane_sum_paired(first, second, scale_pair, x, sum_pairs, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
-    """S_lane (I32x8) for one token, its offset -32 * (sc[2l] * bsum[2l] + sc[2l+1] * bsum[2l+1])
-    one pmaddwd of the lane's scale pair (_scale_pair) and the token's sum pair (_negated_sum_pairs)."""
-    return add(_lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7),
-               dot_halves_i16(scale_pair, broadcast_i32(sum_pairs, 8 * b + lane)))
+def _lane_sum_paired(first, second, scale_pair, x, sum_pairs, b, lane, f0, f1, f2, f3):
+    """S_lane (I32x8) for one token from the lane's unpacked halves (first, second: _six_bits):
+    each vector's 4-weight dot by vpdpbusd (|dot| <= 4 * 63 * 128, an int16), two vectors' dots
+    as the int16 halves of one lane times their two scales (f0..f3: _scale_halves of the side),
+    and the offset -32 * (sc[2l] * bsum[2l] + sc[2l+1] * bsum[2l+1]) one pmaddwd of the lane's
+    scale pair (_scale_pair) and the token's sum pair (_negated_sum_pairs)."""
+    x_at = b * 256 + 4 * lane
+    first_half = dot_halves_acc(dot_halves_i16(_paired_dots(first[0], first[1], x, x_at), f0),
+                                _paired_dots(first[2], first[3], x, x_at + 64), f1)
+    second_half = dot_halves_acc(dot_halves_i16(scale_pair, broadcast_i32(sum_pairs, 8 * b + lane)),
+                                 _paired_dots(second[0], second[1], x, x_at + 128), f2)
+    return add(first_half, dot_halves_acc(second_half, _paired_dots(second[2], second[3], x, x_at + 192), f3))
+
+
+@njit(cache=True, inline="always")
+def _paired_dots(v, w, x, x_at):
+    """v . x[x_at..] and w . x[x_at+32..] per row (vpdpbusd twice) as the low and high int16 of an I32x8."""
+    zero = zeros_i32x8()
+    low = dot4_acc(zero, v, broadcast_i8x4(x, x_at))
+    high = dot4_acc(zero, w, broadcast_i8x4(x, x_at + 32))
+    return bits_or(mask_bits(low, 0xFFFF), shift_left(high, 16))
+
+
+@njit(cache=True, inline="always")
+def _scale_halves(w, base, m, n):
+    """sc[m] and sc[n] of 8 rows as the low and high int16 of an I32x8."""
+    return bits_or(mask_bits(load_i8x8_as_i32(w, base + _SCALES + 8 * m), 0xFFFF),
+                   shift_left(load_i8x8_as_i32(w, base + _SCALES + 8 * n), 16))
 
 
 @njit(cache=True, inline="always")
@@ -194,21 +219,19 @@ def _group_one4(w, xq, xd, sum_pairs, out, t0, t1, t2, t3, col, lanes):
         d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
         d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
         for side in range(2):                       # lanes 0-3 take the even scales, 4-7 the odd ones
-            e0, e1, e2, e3 = (_scales(w, base, side), _scales(w, base, 2 + side), _scales(w, base, 4 + side),
-                              _scales(w, base, 6 + side))
-            e4, e5, e6, e7 = (_scales(w, base, 8 + side), _scales(w, base, 10 + side), _scales(w, base, 12 + side),
-                              _scales(w, base, 14 + side))
+            f0, f1 = _scale_halves(w, base, side, 2 + side), _scale_halves(w, base, 4 + side, 6 + side)
+            f2, f3 = _scale_halves(w, base, 8 + side, 10 + side), _scale_halves(w, base, 12 + side, 14 + side)
             for lane in range(4 * side, 4 * side + 4):
                 first, second = _lane_bits(w, base, lane)
                 pair = _scale_pair(w, base, lane)
                 _into_lane(lanes, 8 * lane, d0,
-                           _lane_sum_paired(first, second, pair, x0, u0, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x0, u0, b, lane, f0, f1, f2, f3))
                 _into_lane(lanes, 64 + 8 * lane, d1,
-                           _lane_sum_paired(first, second, pair, x1, u1, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x1, u1, b, lane, f0, f1, f2, f3))
                 _into_lane(lanes, 128 + 8 * lane, d2,
-                           _lane_sum_paired(first, second, pair, x2, u2, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x2, u2, b, lane, f0, f1, f2, f3))
                 _into_lane(lanes, 192 + 8 * lane, d3,
-                           _lane_sum_paired(first, second, pair, x3, u3, b, lane, e0, e1, e2, e3, e4, e5, e6, e7))
+                           _lane_sum_paired(first, second, pair, x3, u3, b, lane, f0, f1, f2, f3))
     store_f32x8(out[t0], col, _lanes_total(lanes, 0))
     store_f32x8(out[t1], col, _lanes_total(lanes, 64))
     store_f32x8(out[t2], col, _lanes_total(lanes, 128))
