@@ -18,18 +18,18 @@ The kernels here hold those lanes for 8 rows (one F32x8 per lane) and pick each 
 by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/quants/common.py;
 >= 8: tiled), so they are bit-equal to it whatever else shares the kernel call. Decode steps of
 4+ sessions run 4 of their tokens together, each lane's 6-bit values unpacked once for all four
-(each token still summed as if alone); there each 4-weight dot is one vpdpbusd, two dots share
-a lane as int16 halves for one pmaddwd by their two scales, and the -32 offset is one pmaddwd:
-fewer multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
+(each token still summed as if alone). In the vec_dot order each 4-weight dot is one vpdpbusd, two
+dots share a lane as int16 halves for one pmaddwd by their two scales, and the -32 offset is one
+pmaddwd: fewer multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
 """
 import numpy as np
 from numba import njit
 
 from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
-from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_acc, dot_halves_i16, dot_pairs_i16,
-                        dot_pairs_u8_i8, high_nibbles, i16_pairs, load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32,
-                        shift_left, shift_right, sub_int, wide_dot4_available)
+from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_acc, dot_halves_i16, high_nibbles,
+                        load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int,
+                        wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
@@ -73,32 +73,14 @@ def pack(raw: np.ndarray) -> tuple:
     return repack_k(raw, _pack_groups)
 
 
-@njit(cache=True, inline="always")
-def _scales(rows, base, m):
-    """Scale m of the 8 rows (16 for a pair of groups, row_pairs) as the I16x16 (I16x32) multiplier
-    of their pair sums."""
-    return i16_pairs(rows_i8x8_as_i32(rows, base + _SCALES + 8 * m))
-
-
-@njit(cache=True, inline="always")
-def _half_dots(v, x, x_at, s0, s1, s2, s3):
-    """One lane of one half for 8 rows, its 4 vectors unpacked (v, _six_bits) . x at x_at, +32, +64,
-    +96, each vector times its scale (s0..s3) -> I32x8 (exact: pairs <= 2 * 63 * 127)."""
-    s = dot_pairs_i16(dot_pairs_u8_i8(v[0], broadcast_i8x4(x, x_at)), s0)
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v[1], broadcast_i8x4(x, x_at + 32)), s1))
-    s = add(s, dot_pairs_i16(dot_pairs_u8_i8(v[2], broadcast_i8x4(x, x_at + 64)), s2))
-    return add(s, dot_pairs_i16(dot_pairs_u8_i8(v[3], broadcast_i8x4(x, x_at + 96)), s3))
-
-
 TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at least this many tokens
 
 
 @njit(cache=True, inline="always")
-def _lane(w, base, x, bsums, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
-    """S_lane (I32x8) of super-block b for 8 rows; e0..e7: the scales of the lane's half (see top)."""
+def _lane(w, base, x, sum_pairs, b, lane, f0, f1, f2, f3):
+    """S_lane (I32x8) of super-block b for 8 rows; f0..f3: _scale_halves of the lane's side."""
     first, second = _lane_bits(w, base, lane)
-    return sub_int(_lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7),
-                   _offset(w, base, bsums, b, 2 * lane))
+    return _lane_sum(first, second, _scale_pair(w, base, lane), x, sum_pairs, b, lane, f0, f1, f2, f3)
 
 
 @njit(cache=True, inline="always")
@@ -109,15 +91,7 @@ def _lane_bits(w, base, lane):
 
 
 @njit(cache=True, inline="always")
-def _lane_dots(first, second, x, b, lane, e0, e1, e2, e3, e4, e5, e6, e7):
-    """S_lane (I32x8) for one token without its offset, from the lane's unpacked halves (first,
-    second: _six_bits)."""
-    x_at = b * 256 + 4 * lane
-    return add(_half_dots(first, x, x_at, e0, e1, e2, e3), _half_dots(second, x, x_at + 128, e4, e5, e6, e7))
-
-
-@njit(cache=True, inline="always")
-def _lane_sum_paired(first, second, scale_pair, x, sum_pairs, b, lane, f0, f1, f2, f3):
+def _lane_sum(first, second, scale_pair, x, sum_pairs, b, lane, f0, f1, f2, f3):
     """S_lane (I32x8) for one token from the lane's unpacked halves (first, second: _six_bits):
     each vector's 4-weight dot by vpdpbusd (|dot| <= 4 * 63 * 128, an int16), two vectors' dots
     as the int16 halves of one lane times their two scales (f0..f3: _scale_halves of the side),
@@ -168,26 +142,26 @@ def _negated_sum_pairs(bsums, call_length, pairs):
 
 
 @njit(cache=True)
-def _group_one(w, xq, xd, bsums, out, t, col):
-    """8 rows (packed Q6_K group w) x token t -> out[t, col:col+8]."""
+def _group_one(w, xq, xd, sum_pairs, out, t, col):
+    """8 rows (packed Q6_K group w) x token t -> out[t, col:col+8]; sum_pairs: _negated_sum_pairs."""
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_f32x8()
-    x, sums = xq[t], bsums[t]
+    x, sums = xq[t], sum_pairs[t]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 27)
         dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
-        e0, e1, e2, e3 = _scales(w, base, 0), _scales(w, base, 2), _scales(w, base, 4), _scales(w, base, 6)
-        e4, e5, e6, e7 = _scales(w, base, 8), _scales(w, base, 10), _scales(w, base, 12), _scales(w, base, 14)
-        a0 = fma(dd, to_f32(_lane(w, base, x, sums, b, 0, e0, e1, e2, e3, e4, e5, e6, e7)), a0)
-        a1 = fma(dd, to_f32(_lane(w, base, x, sums, b, 1, e0, e1, e2, e3, e4, e5, e6, e7)), a1)
-        a2 = fma(dd, to_f32(_lane(w, base, x, sums, b, 2, e0, e1, e2, e3, e4, e5, e6, e7)), a2)
-        a3 = fma(dd, to_f32(_lane(w, base, x, sums, b, 3, e0, e1, e2, e3, e4, e5, e6, e7)), a3)
-        e0, e1, e2, e3 = _scales(w, base, 1), _scales(w, base, 3), _scales(w, base, 5), _scales(w, base, 7)
-        e4, e5, e6, e7 = _scales(w, base, 9), _scales(w, base, 11), _scales(w, base, 13), _scales(w, base, 15)
-        a4 = fma(dd, to_f32(_lane(w, base, x, sums, b, 4, e0, e1, e2, e3, e4, e5, e6, e7)), a4)
-        a5 = fma(dd, to_f32(_lane(w, base, x, sums, b, 5, e0, e1, e2, e3, e4, e5, e6, e7)), a5)
-        a6 = fma(dd, to_f32(_lane(w, base, x, sums, b, 6, e0, e1, e2, e3, e4, e5, e6, e7)), a6)
-        a7 = fma(dd, to_f32(_lane(w, base, x, sums, b, 7, e0, e1, e2, e3, e4, e5, e6, e7)), a7)
+        f0, f1 = _scale_halves(w, base, 0, 2), _scale_halves(w, base, 4, 6)
+        f2, f3 = _scale_halves(w, base, 8, 10), _scale_halves(w, base, 12, 14)
+        a0 = fma(dd, to_f32(_lane(w, base, x, sums, b, 0, f0, f1, f2, f3)), a0)
+        a1 = fma(dd, to_f32(_lane(w, base, x, sums, b, 1, f0, f1, f2, f3)), a1)
+        a2 = fma(dd, to_f32(_lane(w, base, x, sums, b, 2, f0, f1, f2, f3)), a2)
+        a3 = fma(dd, to_f32(_lane(w, base, x, sums, b, 3, f0, f1, f2, f3)), a3)
+        f0, f1 = _scale_halves(w, base, 1, 3), _scale_halves(w, base, 5, 7)
+        f2, f3 = _scale_halves(w, base, 9, 11), _scale_halves(w, base, 13, 15)
+        a4 = fma(dd, to_f32(_lane(w, base, x, sums, b, 4, f0, f1, f2, f3)), a4)
+        a5 = fma(dd, to_f32(_lane(w, base, x, sums, b, 5, f0, f1, f2, f3)), a5)
+        a6 = fma(dd, to_f32(_lane(w, base, x, sums, b, 6, f0, f1, f2, f3)), a6)
+        a7 = fma(dd, to_f32(_lane(w, base, x, sums, b, 7, f0, f1, f2, f3)), a7)
     store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
@@ -225,13 +199,13 @@ def _group_one4(w, xq, xd, sum_pairs, out, t0, t1, t2, t3, col, lanes):
                 first, second = _lane_bits(w, base, lane)
                 pair = _scale_pair(w, base, lane)
                 _into_lane(lanes, 8 * lane, d0,
-                           _lane_sum_paired(first, second, pair, x0, u0, b, lane, f0, f1, f2, f3))
+                           _lane_sum(first, second, pair, x0, u0, b, lane, f0, f1, f2, f3))
                 _into_lane(lanes, 64 + 8 * lane, d1,
-                           _lane_sum_paired(first, second, pair, x1, u1, b, lane, f0, f1, f2, f3))
+                           _lane_sum(first, second, pair, x1, u1, b, lane, f0, f1, f2, f3))
                 _into_lane(lanes, 128 + 8 * lane, d2,
-                           _lane_sum_paired(first, second, pair, x2, u2, b, lane, f0, f1, f2, f3))
+                           _lane_sum(first, second, pair, x2, u2, b, lane, f0, f1, f2, f3))
                 _into_lane(lanes, 192 + 8 * lane, d3,
-                           _lane_sum_paired(first, second, pair, x3, u3, b, lane, f0, f1, f2, f3))
+                           _lane_sum(first, second, pair, x3, u3, b, lane, f0, f1, f2, f3))
     store_f32x8(out[t0], col, _lanes_total(lanes, 0))
     store_f32x8(out[t1], col, _lanes_total(lanes, 64))
     store_f32x8(out[t2], col, _lanes_total(lanes, 128))
@@ -348,7 +322,7 @@ def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
 
 
 @njit(cache=True, inline="always")
-def _vec_dot_tokens(w, xq, xd, bsums, sum_pairs, out, col, call_length, lanes):
+def _vec_dot_tokens(w, xq, xd, sum_pairs, out, col, call_length, lanes):
     """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8], 4 at
     a time; sum_pairs: _negated_sum_pairs; lanes: _group_one4's scratch."""
     g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
@@ -361,7 +335,7 @@ def _vec_dot_tokens(w, xq, xd, bsums, sum_pairs, out, col, call_length, lanes):
         else:
             pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
     for k in range(pending):                        # fewer than 4 left: alone
-        _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
+        _group_one(w, xq, xd, sum_pairs, out, held(k, g0, g1, g2), col)
 
 
 @njit(cache=True, inline="always")
@@ -389,12 +363,12 @@ def _groups(first, last, packed, acts, outs, part_ends):
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
             _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, bsums, sum_pairs, outs[part], col, call_length, lanes)
-            _vec_dot_tokens(packed[i + 1], xq, xd, bsums, sum_pairs, outs[part1], col1, call_length, lanes)
+            _vec_dot_tokens(packed[i], xq, xd, sum_pairs, outs[part], col, call_length, lanes)
+            _vec_dot_tokens(packed[i + 1], xq, xd, sum_pairs, outs[part1], col1, call_length, lanes)
             i += 2
         else:
             _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, bsums, sum_pairs, outs[part], col, call_length, lanes)
+            _vec_dot_tokens(packed[i], xq, xd, sum_pairs, outs[part], col, call_length, lanes)
             i += 1
 
 
