@@ -122,6 +122,24 @@ def _scale_halves(w, base, m, n):
 
 
 @njit(cache=True, inline="always")
+def _side_scales(w, base, side):
+    """The f0..f3 (_scale_halves) of one side's lanes: side 0 (lanes 0-3) takes the even scales, 1 the odd."""
+    return (_scale_halves(w, base, side, 2 + side), _scale_halves(w, base, 4 + side, 6 + side),
+            _scale_halves(w, base, 8 + side, 10 + side), _scale_halves(w, base, 12 + side, 14 + side))
+
+
+@njit(cache=True, inline="always")
+def _side_lanes(w, base, x, sum_pairs, b, side, dd, a0, a1, a2, a3):
+    """One token's accumulators of a side's 4 lanes (4 * side on) after super-block b."""
+    f0, f1, f2, f3 = _side_scales(w, base, side)
+    lane = 4 * side
+    return (fma(dd, to_f32(_lane(w, base, x, sum_pairs, b, lane, f0, f1, f2, f3)), a0),
+            fma(dd, to_f32(_lane(w, base, x, sum_pairs, b, lane + 1, f0, f1, f2, f3)), a1),
+            fma(dd, to_f32(_lane(w, base, x, sum_pairs, b, lane + 2, f0, f1, f2, f3)), a2),
+            fma(dd, to_f32(_lane(w, base, x, sum_pairs, b, lane + 3, f0, f1, f2, f3)), a3))
+
+
+@njit(cache=True, inline="always")
 def _scale_pair(w, base, lane):
     """32 * sc[2 lane] and 32 * sc[2 lane + 1] of 8 rows as the low and high int16 of an I32x8
     (|32 * sc| <= 4096)."""
@@ -150,18 +168,8 @@ def _group_one(w, xq, xd, sum_pairs, out, t, col):
         base = b * GROUP_BLOCK_BYTES
         prefetch_lines(w, base + PREFETCH_BYTES, 27)
         dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
-        f0, f1 = _scale_halves(w, base, 0, 2), _scale_halves(w, base, 4, 6)
-        f2, f3 = _scale_halves(w, base, 8, 10), _scale_halves(w, base, 12, 14)
-        a0 = fma(dd, to_f32(_lane(w, base, x, sums, b, 0, f0, f1, f2, f3)), a0)
-        a1 = fma(dd, to_f32(_lane(w, base, x, sums, b, 1, f0, f1, f2, f3)), a1)
-        a2 = fma(dd, to_f32(_lane(w, base, x, sums, b, 2, f0, f1, f2, f3)), a2)
-        a3 = fma(dd, to_f32(_lane(w, base, x, sums, b, 3, f0, f1, f2, f3)), a3)
-        f0, f1 = _scale_halves(w, base, 1, 3), _scale_halves(w, base, 5, 7)
-        f2, f3 = _scale_halves(w, base, 9, 11), _scale_halves(w, base, 13, 15)
-        a4 = fma(dd, to_f32(_lane(w, base, x, sums, b, 4, f0, f1, f2, f3)), a4)
-        a5 = fma(dd, to_f32(_lane(w, base, x, sums, b, 5, f0, f1, f2, f3)), a5)
-        a6 = fma(dd, to_f32(_lane(w, base, x, sums, b, 6, f0, f1, f2, f3)), a6)
-        a7 = fma(dd, to_f32(_lane(w, base, x, sums, b, 7, f0, f1, f2, f3)), a7)
+        a0, a1, a2, a3 = _side_lanes(w, base, x, sums, b, 0, dd, a0, a1, a2, a3)
+        a4, a5, a6, a7 = _side_lanes(w, base, x, sums, b, 1, dd, a4, a5, a6, a7)
     store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
@@ -192,9 +200,8 @@ def _group_one4(w, xq, xd, sum_pairs, out, t0, t1, t2, t3, col, lanes):
         d = load_halves_as_f32(w, base)
         d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
         d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
-        for side in range(2):                       # lanes 0-3 take the even scales, 4-7 the odd ones
-            f0, f1 = _scale_halves(w, base, side, 2 + side), _scale_halves(w, base, 4 + side, 6 + side)
-            f2, f3 = _scale_halves(w, base, 8 + side, 10 + side), _scale_halves(w, base, 12 + side, 14 + side)
+        for side in range(2):
+            f0, f1, f2, f3 = _side_scales(w, base, side)
             for lane in range(4 * side, 4 * side + 4):
                 first, second = _lane_bits(w, base, lane)
                 pair = _scale_pair(w, base, lane)
