@@ -174,16 +174,21 @@ def dot_halves_i16(typingctx, a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        lanes = sig.args[0].count
-        halves = [builder.bitcast(arg, _vec("i16", 2 * lanes)) for arg in args]
-        if lanes == 8 and _has_features(context, "avx2"):
-            return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), halves)
-        if lanes == 16 and _has_features(context, "avx512bw"):
-            return _x86_call(builder, "llvm.x86.avx512.pmaddw.d.512", _vec("i32", 16), halves)
-        wide = _vec("i32", 2 * lanes)
-        products = builder.mul(builder.sext(halves[0], wide), builder.sext(halves[1], wide))
-        return _pair_sums(builder, products, lanes)
+        return _halves_products(context, builder, *args)
     return a(a, b), codegen
+
+
+def _halves_products(context, builder, a, b):
+    """dot_halves_i16's IR: pmaddwd of I32xN operands read as int16 pairs."""
+    lanes = a.type.count
+    halves = [builder.bitcast(arg, _vec("i16", 2 * lanes)) for arg in (a, b)]
+    if lanes == 8 and _has_features(context, "avx2"):
+        return _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), halves)
+    if lanes == 16 and _has_features(context, "avx512bw"):
+        return _x86_call(builder, "llvm.x86.avx512.pmaddw.d.512", _vec("i32", 16), halves)
+    wide = _vec("i32", 2 * lanes)
+    products = builder.mul(builder.sext(halves[0], wide), builder.sext(halves[1], wide))
+    return _pair_sums(builder, products, lanes)
 
 
 @intrinsic
@@ -196,12 +201,7 @@ def dot_halves_acc(typingctx, acc, a, b):
     def codegen(context, builder, sig, args):
         if _has_vnni(context, 8):
             return _x86_call(builder, "llvm.x86.avx512.vpdpwssd.256", _vec("i32", 8), list(args))
-        halves = [builder.bitcast(arg, _vec("i16", 16)) for arg in args[1:]]
-        if _has_features(context, "avx2"):
-            return builder.add(args[0], _x86_call(builder, "llvm.x86.avx2.pmadd.wd", _vec("i32", 8), halves))
-        wide = _vec("i32", 16)
-        products = builder.mul(builder.sext(halves[0], wide), builder.sext(halves[1], wide))
-        return builder.add(args[0], _pair_sums(builder, products, 8))
+        return builder.add(args[0], _halves_products(context, builder, args[1], args[2]))
     return acc(acc, a, b), codegen
 
 
