@@ -28,11 +28,13 @@ def gelu_table() -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def geglu(gate, up, out, table):
-    """gate, up (T, n) -> out (T, n) = gelu(gate) * up as ggml_vec_geglu_f32; table from gelu_table()."""
+def geglu(gate, up, out, table, first=0, last=-1):
+    """gate, up (T, n) -> out (T, n) = gelu(gate) * up as ggml_vec_geglu_f32, in columns
+    first..last-1 only (last < 0: to n); table from gelu_table()."""
     num_tokens, n = gate.shape
+    last = n if last < 0 else last
     for t in range(num_tokens):
-        for i in range(n):
+        for i in range(first, last):
             x = gate[t, i]
             if x <= np.float32(-10.0):
                 out[t, i] = np.float32(0.0)

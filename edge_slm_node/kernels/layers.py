@@ -139,18 +139,32 @@ def _meet(team, passed):
     return passed + 1
 
 
+@njit(cache=True, inline="always")
+def _share(team, count, align):
+    """-> (first, last): this member's contiguous share of range(count), cut at multiples of align."""
+    units = count // align
+    first = units * team.member // team.members * align
+    last = count if team.member == team.members - 1 else units * (team.member + 1) // team.members * align
+    return first, last
+
+
 @njit(cache=True, nogil=True)
 def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_arena, threads, team):
     """acts.hidden (T, n) through every layer in place; each layer's K and V written into
     kv_arena (layers, 2, blocks, block_size, kv_heads, head_dim) u16 at batch.slot_mapping.
-    Run by each member of `team` (Team) on the same acts: the members split each matmul's rows
-    (their `inputs` scratch says which share, kernels/quants/common.py), member 0 does the rest,
-    and they meet at a barrier between the two; a team of one runs it all. -> barriers passed
-    (the members' next one is that + 1), -1 if the team was aborted."""
+    Run by each member of `team` (Team) on the same acts (the lead's embedding in
+    acts.hidden): the members split each matmul's rows (their `inputs` scratch says which share,
+    kernels/quants/common.py), the token rows of the norms, RoPE, KV writes and residual adds,
+    and the columns of SwiGLU / GeGLU, and meet at a barrier between steps that read each
+    other's results; a team of one runs it all. -> barriers passed (the members' next one is
+    that + 1), -1 if the team was aborted."""
     c = consts
     lead = team.member == 0
-    passed = 0
     num_tokens = acts.hidden.shape[0]
+    mine, end = _share(team, num_tokens, 1)           # this member's token rows
+    # vector groups of SwiGLU never straddle two members (its last n % 16 go as its scalar tail)
+    first_column, last_column = _share(team, acts.gate.shape[1], 16)
+    passed = _meet(team, 0)                            # the lead's embedding is in
     heads_q = acts.q.reshape(num_tokens, c.num_heads, c.head_dim)
     heads_k = acts.k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
     heads_v = acts.v.reshape(num_tokens, c.num_kv_heads, c.head_dim)
@@ -163,13 +177,11 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
     empty = acts.empty
     for index in range(len(layers)):
         layer = layers[index]
-        if lead:
-            rms_norm(acts.hidden, layer.attn_norm, c.eps, acts.normed)
+        rms_norm(acts.hidden[mine:end], layer.attn_norm, c.eps, acts.normed[mine:end])
         passed = _meet(team, passed)
         _parts(layer, matmuls, kernel_of, index, Q, 3, layer.qkv_fused, acts.normed, model_input, acts.q, acts.k, acts.v, empty)
         passed = _meet(team, passed)
-        if lead:
-            _before_attention(layer, index, acts, heads_q, heads_k, heads_v, num_tokens, batch, c, kv_arena)
+        _before_attention(layer, index, acts, heads_q, heads_k, heads_v, mine, end, batch, c, kv_arena)
         passed = _meet(team, passed)
         _attention(index, heads_q, heads_out, batch, c, kv_arena, attention_on_pool, layer.window, team)
         passed = _meet(team, passed)
@@ -182,52 +194,64 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
             _each_row_alone(ffn_input, rows)
         hidden, normed, gate, up, proj = acts.hidden[:rows], acts.normed[:rows], acts.gate[:rows], acts.up[:rows], \
             acts.proj[:rows]
-        if lead:
-            if layer.post_attn_norm.shape[0] > 0:
-                rms_norm(acts.proj, layer.post_attn_norm, c.eps, acts.proj)
-            add_in_place(acts.hidden, acts.proj)
-            if rows < num_tokens:
+        if rows < num_tokens:                   # the rows kept are gathered first: by the lead alone
+            if lead:
+                _attention_residual(layer, acts.proj, acts.hidden, c.eps)
                 _gather_rows(acts.hidden, batch.output_rows, acts.proj)
-            rms_norm(hidden, layer.ffn_norm, c.eps, normed)
+                rms_norm(hidden, layer.ffn_norm, c.eps, normed)
+            mine, end = _share(team, rows, 1)
+        else:
+            _attention_residual(layer, proj[mine:end], hidden[mine:end], c.eps)
+            rms_norm(hidden[mine:end], layer.ffn_norm, c.eps, normed[mine:end])
         passed = _meet(team, passed)
         _parts(layer, matmuls, kernel_of, index, GATE, 2, layer.gate_up_fused, normed, model_input, gate, up,
                empty, empty)
         passed = _meet(team, passed)
-        if lead:
-            if c.gelu_table.shape[0] > 0:
-                geglu(gate, up, gate, c.gelu_table)
-            else:
-                silu_mul(gate, up, gate, c.avx512)
+        if c.gelu_table.shape[0] > 0:
+            geglu(gate, up, gate, c.gelu_table, first_column, last_column)
+        else:
+            silu_mul(gate, up, gate, c.avx512, first_column, last_column)
         passed = _meet(team, passed)
         _matmul(layer, matmuls, kernel_of, index, DOWN, gate, ffn_input, (proj, empty, empty))
         passed = _meet(team, passed)
-        if lead:
-            if layer.post_ffn_norm.shape[0] > 0:
-                rms_norm(proj, layer.post_ffn_norm, c.eps, proj)
-            add_in_place(hidden, proj)
+        if layer.post_ffn_norm.shape[0] > 0:
+            rms_norm(proj[mine:end], layer.post_ffn_norm, c.eps, proj[mine:end])
+        add_in_place(hidden[mine:end], proj[mine:end])
         if passed < 0:
             return -1
-    return _meet(team, passed)            # the lead's last residual add is in
+    return _meet(team, passed)            # every member's last residual add is in
 
 
 @njit(cache=True, inline="always")
-def _before_attention(layer, index, acts, heads_q, heads_k, heads_v, num_tokens, batch, c, kv_arena):
-    """q, k, v of one layer made ready for attention: biases, per-head norms, RoPE, the K and V
-    written into the cache."""
+def _attention_residual(layer, proj, hidden, eps):
+    """hidden += the attention block's output proj (post-attention-normed first, gemma3)."""
+    if layer.post_attn_norm.shape[0] > 0:
+        rms_norm(proj, layer.post_attn_norm, eps, proj)
+    add_in_place(hidden, proj)
+
+
+@njit(cache=True, inline="always")
+def _before_attention(layer, index, acts, heads_q, heads_k, heads_v, first, last, batch, c, kv_arena):
+    """q, k, v of tokens first..last-1 of one layer made ready for attention: biases, per-head
+    norms, RoPE, the K and V written into the cache."""
+    q, k, v = acts.q[first:last], acts.k[first:last], acts.v[first:last]
+    heads_q, heads_k, heads_v = heads_q[first:last], heads_k[first:last], heads_v[first:last]
+    positions = batch.positions[first:last]
     if layer.q_bias.shape[0] > 0:
-        add_bias(acts.q, layer.q_bias)
-        add_bias(acts.k, layer.k_bias)
-        add_bias(acts.v, layer.v_bias)
+        add_bias(q, layer.q_bias)
+        add_bias(k, layer.k_bias)
+        add_bias(v, layer.v_bias)
     if layer.q_norm.shape[0] > 0:       # per head, in place (each row is read before it is written)
-        rows_q = acts.q.reshape(num_tokens * c.num_heads, c.head_dim)
-        rows_k = acts.k.reshape(num_tokens * c.num_kv_heads, c.head_dim)
+        rows_q = q.reshape((last - first) * c.num_heads, c.head_dim)
+        rows_k = k.reshape((last - first) * c.num_kv_heads, c.head_dim)
         rms_norm(rows_q, layer.q_norm, c.eps, rows_q)
         rms_norm(rows_k, layer.k_norm, c.eps, rows_k)
-    apply_rope(heads_q, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
-    apply_rope(heads_k, batch.positions, layer.rope_cos, layer.rope_sin, c.neox)
+    apply_rope(heads_q, positions, layer.rope_cos, layer.rope_sin, c.neox)
+    apply_rope(heads_k, positions, layer.rope_cos, layer.rope_sin, c.neox)
     if c.query_scale != 1.0:
-        scale_in_place(acts.q, c.query_scale)
-    write_kv(heads_k, heads_v, batch.slot_mapping, kv_arena[index, 0], kv_arena[index, 1], c.kv_row, c.kv_bits)
+        scale_in_place(q, c.query_scale)
+    write_kv(heads_k, heads_v, batch.slot_mapping[first:last], kv_arena[index, 0], kv_arena[index, 1], c.kv_row,
+             c.kv_bits)
 
 
 @njit(cache=True, inline="always")

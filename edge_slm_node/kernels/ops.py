@@ -192,22 +192,24 @@ def add_bias(x, bias):
 
 
 @njit(cache=True, nogil=True)
-def silu_mul(gate, up, out, avx512=False):
-    """gate, up (T, n) C-contiguous -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32).
+def silu_mul(gate, up, out, avx512=False, first=0, last=-1):
+    """gate, up (T, n) C-contiguous -> out (T, n) = gate * sigmoid(gate) * up (ggml_vec_swiglu_f32),
+    in columns first..last-1 only (last < 0: to n; first a multiple of 16).
 
     Groups of 8 as its AVX2 loop (of 16 as its AVX-512 loop if avx512), (g / (1 + exp(0 - g))) * up
     with that build's vector exp; a row's last n % 8 (n % 16) values as its scalar tail, with libm's expf."""
     num_tokens, n = gate.shape
+    last = n if last < 0 else last
     vector_end = n // 16 * 16 if avx512 else n // 8 * 8
     one, zero = simd.splat_f32(np.float32(1.0)), simd.zeros_f32x8()
     for t in range(num_tokens):
         gate_row, up_row, out_row = gate[t], up[t], out[t]
-        for i in range(0, vector_end, 8):
+        for i in range(first, min(last, vector_end), 8):
             g = simd.load_f32x8(gate_row, i)
             e = vec8.exp_wide(vec8.sub(zero, g)) if avx512 else vec8.exp(vec8.sub(zero, g))
             silu = vec8.div(g, simd.add(one, e))
             simd.store_f32x8(out_row, i, simd.mul(silu, simd.load_f32x8(up_row, i)))
-        for i in range(vector_end, n):
+        for i in range(max(first, vector_end), last):
             g = gate[t, i]
             out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
 

@@ -30,3 +30,8 @@ def test_geglu_looks_up_the_fp16_rounded_input_and_passes_large_inputs_through()
     exact = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
     inside = np.abs(gate) < 10
     np.testing.assert_allclose((out / up)[inside], exact[inside], rtol=2e-3, atol=2e-4)
+    shares = np.full_like(out, np.nan)                # a team's column shares (kernels/layers.py)
+    geglu(gate[None].copy(), up[None].copy(), shares[None], table, 0, 200)
+    assert np.isnan(shares[200:]).all()
+    geglu(gate[None].copy(), up[None].copy(), shares[None], table, 200, gate.shape[0])
+    np.testing.assert_array_equal(shares, out)

@@ -109,6 +109,21 @@ def test_rms_norm_silu_and_add():
     np.testing.assert_allclose(y, x + up)
 
 
+@pytest.mark.parametrize("avx512", [False, True])
+def test_silu_mul_by_column_shares_is_the_whole(avx512):
+    """What a team's members compute (kernels/layers.py: columns cut at multiples of 16, the last
+    share with the scalar tail) adds up to the one-call result, bit for bit."""
+    rng = np.random.default_rng(4)
+    gate, up = (rng.standard_normal((3, 8 * 16 + 13)).astype(np.float32) * 4 for _ in range(2))
+    whole = np.zeros_like(gate)
+    ops.silu_mul(gate, up, whole, avx512)
+    shares = np.full_like(gate, np.nan)
+    for first, last in ((0, 48), (48, 96), (96, gate.shape[1])):
+        ops.silu_mul(gate, up, shares, avx512, first, last)
+        assert np.isnan(shares[:, last:]).all()                # nothing past its share written
+    np.testing.assert_array_equal(shares, whole)
+
+
 @pytest.mark.parametrize("neox", [False, True])
 def test_rope_rotates_pairs_by_position(neox):
     rng = np.random.default_rng(2)

@@ -17,8 +17,9 @@ from tiny_models import GEMMA3_WINDOW, reference_logits, write_tiny_model
 BLOCK = 4
 
 
-def run_paged(model, token_ids, chunks, parallel=True, members=1):
-    """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token.
+def run_paged(model, token_ids, chunks, parallel=True, members=1, last_rows=False):
+    """Prefill token_ids in the given chunk sizes through a scattered block table -> logits per token
+    (last_rows: of each chunk's last token only, as a prompt's chunks are run).
     members > 1: each forward run by a team of that many threads (model/transformer.py TeamRole)."""
     config = model.config
     arena = KVArena(config.num_layers, config.num_kv_heads, config.head_dim, num_blocks=32, block_size=BLOCK)
@@ -30,7 +31,8 @@ def run_paged(model, token_ids, chunks, parallel=True, members=1):
         ids = np.array(token_ids[start:start + size], np.int32)
         pos = np.arange(start, start + size, dtype=np.int32)
         slots = (table[0, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
-        batch = ForwardBatch(ids, pos, np.zeros(size, np.int32), pos + 1, slots, table, np.arange(size, dtype=np.int32))
+        rows = np.array([size - 1], np.int32) if last_rows else np.arange(size, dtype=np.int32)
+        batch = ForwardBatch(ids, pos, np.zeros(size, np.int32), pos + 1, slots, table, rows)
         if members == 1:
             logits.append(transformers[0].forward(batch, arena.data, parallel=parallel).copy())
         else:
@@ -93,8 +95,10 @@ def test_single_threaded_forward_equals_the_thread_pool_one(tmp_path, arch, weig
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("weight_quant", [q.Q4_1, q.Q4_0, q.Q8_0, q.F16, q.F32])
 def test_a_team_of_threads_gives_the_single_threaded_forward(tmp_path, arch, weight_quant):
-    """Two and three threads running each forward together (rows of every matmul split, the
-    rest on the lead, barriers between): bit-equal to one thread, prompt chunks and one-token steps."""
+    """Two and three threads running each forward together (rows of every matmul split, token rows
+    of the norms, RoPE and residual adds and columns of the gated unit split, barriers between):
+    bit-equal to one thread, prompt chunks and one-token steps, every token's logits or each
+    chunk's last (the kept rows gathered in the last layer)."""
     path = write_tiny_model(tmp_path / "tiny.gguf", arch, weight_quant, tied=arch == "llama")
     model = load_model(str(path))
     tokens = list(np.random.default_rng(3).integers(0, model.config.vocab_size, 13))
@@ -102,6 +106,9 @@ def test_a_team_of_threads_gives_the_single_threaded_forward(tmp_path, arch, wei
     alone = run_paged(model, tokens, chunks, parallel=False)
     np.testing.assert_array_equal(run_paged(model, tokens, chunks, members=2), alone)
     np.testing.assert_array_equal(run_paged(model, tokens, chunks, members=3), alone)
+    last_alone = run_paged(model, tokens, chunks, parallel=False, last_rows=True)
+    np.testing.assert_array_equal(last_alone, alone[np.cumsum(chunks) - 1])
+    np.testing.assert_array_equal(run_paged(model, tokens, chunks, members=2, last_rows=True), last_alone)
 
 
 def test_a_team_whose_member_never_comes_is_given_up(tmp_path):
