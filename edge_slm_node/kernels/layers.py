@@ -42,7 +42,7 @@ from .gelu import geglu
 from .kv_write import write_kv
 from .ops import add_bias, add_in_place, apply_rope, rms_norm, scale_in_place, silu_mul
 from .quants.common import MATMUL_SIGNATURE
-from .team import barrier
+from .team import barrier, member_share
 
 # The matmuls are called through numba's first-class function objects, the one experimental
 # numba feature used here; the tests cover it (bit-equality with the scalar references).
@@ -139,15 +139,6 @@ def _meet(team, passed):
     return passed + 1
 
 
-@njit(cache=True, inline="always")
-def _share(team, count, align):
-    """-> (first, last): this member's contiguous share of range(count), cut at multiples of align."""
-    units = count // align
-    first = units * team.member // team.members * align
-    last = count if team.member == team.members - 1 else units * (team.member + 1) // team.members * align
-    return first, last
-
-
 @njit(cache=True, nogil=True)
 def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_arena, threads, team):
     """acts.hidden (T, n) through every layer in place; each layer's K and V written into
@@ -161,9 +152,9 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
     c = consts
     lead = team.member == 0
     num_tokens = acts.hidden.shape[0]
-    mine, end = _share(team, num_tokens, 1)           # this member's token rows
+    mine, end = member_share(team.member, team.members, num_tokens, 1)     # this member's token rows
     # vector groups of SwiGLU never straddle two members (its last n % 16 go as its scalar tail)
-    first_column, last_column = _share(team, acts.gate.shape[1], 16)
+    first_column, last_column = member_share(team.member, team.members, acts.gate.shape[1], 16)
     passed = _meet(team, 0)                            # the lead's embedding is in
     heads_q = acts.q.reshape(num_tokens, c.num_heads, c.head_dim)
     heads_k = acts.k.reshape(num_tokens, c.num_kv_heads, c.head_dim)
@@ -199,7 +190,7 @@ def decoder_layers(layers, matmuls, kernel_of, acts, inputs, batch, consts, kv_a
                 _attention_residual(layer, acts.proj, acts.hidden, c.eps)
                 _gather_rows(acts.hidden, batch.output_rows, acts.proj)
                 rms_norm(hidden, layer.ffn_norm, c.eps, normed)
-            mine, end = _share(team, rows, 1)
+            mine, end = member_share(team.member, team.members, rows, 1)
         else:
             _attention_residual(layer, proj[mine:end], hidden[mine:end], c.eps)
             rms_norm(hidden[mine:end], layer.ffn_norm, c.eps, normed[mine:end])

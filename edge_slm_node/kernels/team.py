@@ -107,6 +107,16 @@ def yield_core(typingctx):
     return types.none(), codegen
 
 
+@njit(cache=True, inline="always")
+def member_share(member, members, count, align):
+    """-> (first, last): member's contiguous share of range(count) among `members`, cut at
+    multiples of align; the last member's ends at count."""
+    units = count // align
+    first = units * member // members * align
+    last = count if member == members - 1 else units * (member + 1) // members * align
+    return first, last
+
+
 @njit(cache=True, nogil=True)
 def barrier(sync, members, number, patience):
     """Barrier `number` (this member's count, from 1) of a team of `members`; -> False when the

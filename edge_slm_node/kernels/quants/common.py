@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from ..quantize import quantize_rows_q8, scaled_group_sums
+from ..team import member_share
 
 ROWS_PER_GROUP = 8            # packed layouts interleave the weights of 8 rows (one vector lane each)
 MAX_RANGES = 32               # a constant: numba.get_num_threads() in a kernel disables its disk cache
@@ -159,8 +160,7 @@ def run_serial(prepare, groups, tail_rows, packed, tail, part_ends, x, scratch, 
 @njit(cache=True, inline="always")
 def team_share(scratch, count):
     """-> (first, last): scratch.team's member's contiguous share of range(count); the last member's ends at count."""
-    member, members = scratch.team[0], scratch.team[1]
-    return member * count // members, (member + 1) * count // members
+    return member_share(scratch.team[0], scratch.team[1], count, 1)
 
 
 @njit(cache=True, inline="always")
