@@ -338,8 +338,9 @@ def test_thread_pool_split_is_bit_equal(quant):
 def test_each_token_is_summed_in_the_order_of_its_own_call(quant, parallel):
     """Tokens of eight llama.cpp calls (9 prompt tokens, 1 decoded, 5 prompt tokens, 5 more
     decoded: 8 tokens in the gemv's order, so two 4-token tiles of them), shuffled into one kernel
-    call with their call shapes: each row equals that token's row when its own call runs alone."""
-    raw = _random_rows(quant, 13, 768, seed=5)
+    call with their call shapes: each row equals that token's row when its own call runs alone.
+    29 rows: a pair of row groups (16-lane tiles with AVX512-VNNI), a group alone and 5 tail rows."""
+    raw = _random_rows(quant, 29, 768, seed=5)
     linear = Linear("w", raw, quant, 768)
     calls = [_x(9, 768, seed=1), _x(1, 768, seed=2), _x(5, 768, seed=3)] + [_x(1, 768, seed=6 + k) for k in range(5)]
     alone = [_apply(linear, x, parallel) for x in calls]
@@ -349,7 +350,7 @@ def test_each_token_is_summed_in_the_order_of_its_own_call(quant, parallel):
     scratch = new_scratch(len(order), 768, set(linear.scratch_slots))
     scratch.call_index[:len(order)] = [tokens[k][1] for k in order]
     scratch.call_length[:len(order)] = [len(calls[tokens[k][0]]) for k in order]
-    out = np.full((len(order), 13), np.nan, np.float32)
+    out = np.full((len(order), 29), np.nan, np.float32)
     empty = np.zeros((0, 0), np.float32)
     linear.kernel(parallel)(linear.packed, linear.tail, linear.part_ends, mixed, scratch, (out, empty, empty))
     expected = np.stack([alone[tokens[k][0]][tokens[k][1]] for k in order])

@@ -20,7 +20,8 @@ itself would not repack a matrix with rows % 8 != 0: its vec_dot order then, not
 The sub-block dots are vpdpbusd where the CPU has VNNI (high nibbles as q & 0xF0, i.e. 16x,
 undone after the scale multiply: exact), 16 lanes wide for one decode token (two chunks a vector,
 _sub_pair_wide) where it has AVX512-VNNI; a gemm tile of 4 tokens unpacks each chunk once, and so
-do 4 tokens in the gemv's order (a decode step of 4+ sessions), each still summed as if alone.
+do 4 tokens in the gemv's order (a decode step of 4+ sessions), each still summed as if alone; with
+AVX512-VNNI both tiles take a pair of row groups (16 rows, row_pairs.py) at once.
 """
 import numpy as np
 from numba import njit
@@ -92,8 +93,8 @@ def _sub_pair_wide(w, at, x, x_at):
     second's rows), each half against its chunk's activations; the halves' sums added at the end
     (integers: the same result)."""
     # Half the instructions per weight byte keeps more loads in flight while a decode step streams
-    # the weights. The 4-token tiles compute rather than wait, and on a CPU that runs a 512-bit
-    # vpdpbusd as two 256-bit halves they only paid for the spreading: they stay 8 lanes wide.
+    # the weights. The 4-token tiles go 16 lanes wide by taking two row groups instead, which
+    # needs no spreading (on the Intel Xeon host a 512-bit vpdpbusd costs about one 256-bit one).
     low = high16 = concat(zeros_i32x8(), zeros_i32x8())
     for c in range(0, 8, 2):
         q = load_i8x64(w, at + 32 * c)
@@ -206,36 +207,37 @@ def _group_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
 
 
 @njit(cache=True)
-def _group_one_tile(w, xq, xd, bsums, out, t0, t1, t2, t3, col):
-    """_group_one for 4 tokens (distinct): the gemv's order for each, as if each ran alone,
-    with every chunk loaded and its low nibbles taken once for all four (decode steps of 4+ sessions)."""
-    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = zeros_f32x8()
+def _group_one_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
+    """_group_one for 4 tokens (distinct) x a packed group or a pair of them (row_pairs) -> dest: the
+    gemv's order for each, as if each ran alone, with every chunk loaded and its low nibbles taken
+    once for all four (decode steps of 4+ sessions)."""
+    a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = like_rows(zeros_f32x8(), rows)
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
     u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        prefetch_lines(w, base + PREFETCH_BYTES, 18)
-        s0 = s1 = s2 = s3 = n0 = n1 = n2 = n3 = zeros_i32x8()
+        s0 = s1 = s2 = s3 = n0 = n1 = n2 = n3 = like_rows(zeros_i32x8(), rows)
         for j in range(4):
-            scale0, min0 = scale_min_rows(w, base + _SCALES, 2 * j)
-            scale1, min1 = scale_min_rows(w, base + _SCALES, 2 * j + 1)
-            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(w, base + _CHUNKS + 256 * j, x0, x1, x2, x3, b * 256 + 64 * j)
+            scale0, min0 = rows_scale_min(rows, base + _SCALES, 2 * j)
+            scale1, min1 = rows_scale_min(rows, base + _SCALES, 2 * j + 1)
+            l0, l1, l2, l3, h0, h1, h2, h3 = _tile_pair(rows, base + _CHUNKS + 256 * j, x0, x1, x2, x3,
+                                                        b * 256 + 64 * j)
             at, mins = b * 16 + 4 * j, _min_pairs(min0, min1)
-            s0, n0 = add(s0, _scaled(l0, h0, scale0, scale1)), add(n0, _min_sum(w, mins, u0, at))
-            s1, n1 = add(s1, _scaled(l1, h1, scale0, scale1)), add(n1, _min_sum(w, mins, u1, at))
-            s2, n2 = add(s2, _scaled(l2, h2, scale0, scale1)), add(n2, _min_sum(w, mins, u2, at))
-            s3, n3 = add(s3, _scaled(l3, h3, scale0, scale1)), add(n3, _min_sum(w, mins, u3, at))
-        d, dmin = load_halves_as_f32(w, base), load_halves_as_f32(w, base + 16)
-        e0, e1 = splat_f32(xd[t0, b]), splat_f32(xd[t1, b])
-        e2, e3 = splat_f32(xd[t2, b]), splat_f32(xd[t3, b])
+            s0, n0 = add(s0, _scaled(l0, h0, scale0, scale1)), add(n0, _min_sum(rows, mins, u0, at))
+            s1, n1 = add(s1, _scaled(l1, h1, scale0, scale1)), add(n1, _min_sum(rows, mins, u1, at))
+            s2, n2 = add(s2, _scaled(l2, h2, scale0, scale1)), add(n2, _min_sum(rows, mins, u2, at))
+            s3, n3 = add(s3, _scaled(l3, h3, scale0, scale1)), add(n3, _min_sum(rows, mins, u3, at))
+        d, dmin = rows_halves(rows, base), rows_halves(rows, base + 16)
+        e0, e1 = like_rows(splat_f32(xd[t0, b]), rows), like_rows(splat_f32(xd[t1, b]), rows)
+        e2, e3 = like_rows(splat_f32(xd[t2, b]), rows), like_rows(splat_f32(xd[t3, b]), rows)
         a0, m0 = fma(to_f32(s0), mul(d, e0), a0), fma(to_f32(n0), mul(dmin, e0), m0)
         a1, m1 = fma(to_f32(s1), mul(d, e1), a1), fma(to_f32(n1), mul(dmin, e1), m1)
         a2, m2 = fma(to_f32(s2), mul(d, e2), a2), fma(to_f32(n2), mul(dmin, e2), m2)
         a3, m3 = fma(to_f32(s3), mul(d, e3), a3), fma(to_f32(n3), mul(dmin, e3), m3)
-    store_f32x8(out[t0], col, sub(a0, m0))
-    store_f32x8(out[t1], col, sub(a1, m1))
-    store_f32x8(out[t2], col, sub(a2, m2))
-    store_f32x8(out[t3], col, sub(a3, m3))
+    store_difference(dest, t0, a0, m0)
+    store_difference(dest, t1, a1, m1)
+    store_difference(dest, t2, a2, m2)
+    store_difference(dest, t3, a3, m3)
 
 
 @njit(cache=True, inline="always")
@@ -257,18 +259,25 @@ def _gemm_tokens(rows, xq, xd, bsums, dest, call_index, call_length):
 
 
 @njit(cache=True, inline="always")
-def _gemv_tokens(w, xq, xd, bsums, out, col, call_index, call_length):
-    """Every token not in a gemm tile x the packed group w -> out[t, col:col+8], 4 at a time."""
+def _gemv_tiles(rows, xq, xd, bsums, dest, call_index, call_length):
+    """The tokens not in a gemm tile x a group or a pair of groups (row_pairs) -> dest, 4 at a time
+    -> (count, t0, t1, t2): the fewer than 4 left over (_gemv_alone)."""
     g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
     for t in range(xd.shape[0]):
         if in_gemm_tile(call_index, call_length, t):
             continue
         if pending == 3:
-            _group_one_tile(w, xq, xd, bsums, out, g0, g1, g2, t, col)
+            _group_one_tile(rows, xq, xd, bsums, dest, g0, g1, g2, t)
             pending = 0
         else:
             pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
-    for k in range(pending):                        # fewer than 4 left: alone
+    return pending, g0, g1, g2
+
+
+@njit(cache=True, inline="always")
+def _gemv_alone(w, xq, xd, bsums, out, col, pending, g0, g1, g2):
+    """The tokens _gemv_tiles left over x the packed group w -> out[t, col:col+8], one at a time."""
+    for k in range(pending):
         _group_one(w, xq, xd, bsums, out, held(k, g0, g1, g2), col)
 
 
@@ -284,22 +293,28 @@ def _any_gemm_token(call_index, call_length):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
-    With 16-lane VNNI the gemm tiles take two groups at once."""
+    With 16-lane VNNI the 4-token tiles (gemm and gemv orders) take two groups at once."""
     xq, xd, bsums, call_index, call_length = acts
-    pairs = wide_dot4_available() and _any_gemm_token(call_index, call_length)     # decode steps: one group at a time
+    pairs = wide_dot4_available()
+    gemm = _any_gemm_token(call_index, call_length)
     i = first
     while i < last:                                 # groups in memory order (a decode step streams them)
         part, col = locate(part_ends, i)
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
-            _gemm_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1),
-                         call_index, call_length)
-            _gemv_tokens(packed[i], xq, xd, bsums, outs[part], col, call_index, call_length)
-            _gemv_tokens(packed[i + 1], xq, xd, bsums, outs[part1], col1, call_index, call_length)
+            rows, dest = (packed[i], packed[i + 1]), (outs[part], col, outs[part1], col1)
+            if gemm:
+                _gemm_tokens(rows, xq, xd, bsums, dest, call_index, call_length)
+            pending, g0, g1, g2 = _gemv_tiles(rows, xq, xd, bsums, dest, call_index, call_length)
+            _gemv_alone(packed[i], xq, xd, bsums, outs[part], col, pending, g0, g1, g2)
+            _gemv_alone(packed[i + 1], xq, xd, bsums, outs[part1], col1, pending, g0, g1, g2)
             i += 2
         else:
-            _gemm_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_index, call_length)
-            _gemv_tokens(packed[i], xq, xd, bsums, outs[part], col, call_index, call_length)
+            dest = (outs[part], col)
+            if gemm:
+                _gemm_tokens(packed[i], xq, xd, bsums, dest, call_index, call_length)
+            pending, g0, g1, g2 = _gemv_tiles(packed[i], xq, xd, bsums, dest, call_index, call_length)
+            _gemv_alone(packed[i], xq, xd, bsums, outs[part], col, pending, g0, g1, g2)
             i += 1
 
 
