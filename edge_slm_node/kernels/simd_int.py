@@ -193,14 +193,15 @@ def _halves_products(context, builder, a, b):
 
 @intrinsic
 def dot_halves_acc(typingctx, acc, a, b):
-    """acc + dot_halves_i16(a, b) (I32x8): one vpdpwssd where the CPU has VNNI, kept where it is
-    written (LLVM turns a tree of adds of pmaddwd results into one serial vpdpwssd chain)."""
-    if not (isinstance(acc, Vector) and acc.kind == "i32" and acc.count == 8 and acc == a == b):
+    """acc + dot_halves_i16(a, b) (I32x8 or I32x16): one vpdpwssd where the CPU has VNNI of that width,
+    kept where it is written (LLVM turns a tree of adds of pmaddwd results into one serial vpdpwssd chain)."""
+    if not (isinstance(acc, Vector) and acc.kind == "i32" and acc.count in (8, 16) and acc == a == b):
         return None
 
     def codegen(context, builder, sig, args):
-        if _has_vnni(context, 8):
-            return _x86_call(builder, "llvm.x86.avx512.vpdpwssd.256", _vec("i32", 8), list(args))
+        lanes = sig.args[0].count
+        if _has_vnni(context, lanes):
+            return _x86_call(builder, f"llvm.x86.avx512.vpdpwssd.{32 * lanes}", _vec("i32", lanes), list(args))
         return builder.add(args[0], _halves_products(context, builder, args[1], args[2]))
     return acc(acc, a, b), codegen
 

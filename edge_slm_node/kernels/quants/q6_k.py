@@ -18,23 +18,24 @@ The kernels here hold those lanes for 8 rows (one F32x8 per lane) and pick each 
 by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/quants/common.py;
 >= 8: tiled), so they are bit-equal to it whatever else shares the kernel call. Decode steps of
 4+ sessions run 4 of their tokens together, each lane's 6-bit values unpacked once for all four
-(each token still summed as if alone). In the vec_dot order each 4-weight dot is one vpdpbusd, two
+(each token still summed as if alone), with AVX512-VNNI on a pair of row groups (16 rows, row_pairs.py). In the vec_dot order each 4-weight dot is one vpdpbusd, two
 dots share a lane as int16 halves for one pmaddwd by their two scales, and the -32 offset is one
 pmaddwd: fewer multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
 """
 import numpy as np
 from numba import njit
 
-from ..simd import (add, fma, load_f32x8, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
+from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
                     zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_acc, dot_halves_i16, high_nibbles,
-                        load_i8x8_as_i32, low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int,
+                        low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int,
                         wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
-from .row_pairs import like_rows, rows_chunk, rows_halves, rows_i8x8_as_i32, store_rows
+from .row_pairs import (like_rows, load_like_rows, rows_chunk, rows_halves, rows_i8x8_as_i32, store_like_rows,
+                        store_rows)
 
 FUSABLE = True           # several matrices concatenated, one output per part
 TYPE_SIZE = 210
@@ -80,52 +81,54 @@ TILED_MIN_TOKENS = 8            # llama.cpp's tiled matmul takes calls with at l
 def _lane(w, base, x, sum_pairs, b, lane, f0, f1, f2, f3):
     """S_lane (I32x8) of super-block b for 8 rows; f0..f3: _scale_halves of the lane's side."""
     first, second = _lane_bits(w, base, lane)
-    return _lane_sum(first, second, _scale_pair(w, base, lane), x, sum_pairs, b, lane, f0, f1, f2, f3)
+    return _lane_sum(w, first, second, _scale_pair(w, base, lane), x, sum_pairs, b, lane, f0, f1, f2, f3)
 
 
 @njit(cache=True, inline="always")
-def _lane_bits(w, base, lane):
-    """The 6-bit values of a lane's two halves for 8 rows (_six_bits each)."""
+def _lane_bits(rows, base, lane):
+    """The 6-bit values of a lane's two halves for 8 rows, or 16 for a pair of groups (_six_bits each)."""
     at = base + _LANES + 192 * lane
-    return _six_bits(w, at), _six_bits(w, at + 96)
+    return _six_bits(rows, at), _six_bits(rows, at + 96)
 
 
 @njit(cache=True, inline="always")
-def _lane_sum(first, second, scale_pair, x, sum_pairs, b, lane, f0, f1, f2, f3):
-    """S_lane (I32x8) for one token from the lane's unpacked halves (first, second: _six_bits):
+def _lane_sum(rows, first, second, scale_pair, x, sum_pairs, b, lane, f0, f1, f2, f3):
+    """S_lane (I32x8; I32x16 for a pair of groups, row_pairs) for one token from the lane's unpacked
+    halves (first, second: _six_bits):
     each vector's 4-weight dot by vpdpbusd (|dot| <= 4 * 63 * 128, an int16), two vectors' dots
     as the int16 halves of one lane times their two scales (f0..f3: _scale_halves of the side),
     and the offset -32 * (sc[2l] * bsum[2l] + sc[2l+1] * bsum[2l+1]) one pmaddwd of the lane's
     scale pair (_scale_pair) and the token's sum pair (_negated_sum_pairs)."""
     x_at = b * 256 + 4 * lane
-    first_half = dot_halves_acc(dot_halves_i16(_paired_dots(first[0], first[1], x, x_at), f0),
-                                _paired_dots(first[2], first[3], x, x_at + 64), f1)
-    second_half = dot_halves_acc(dot_halves_i16(scale_pair, broadcast_i32(sum_pairs, 8 * b + lane)),
-                                 _paired_dots(second[0], second[1], x, x_at + 128), f2)
-    return add(first_half, dot_halves_acc(second_half, _paired_dots(second[2], second[3], x, x_at + 192), f3))
+    first_half = dot_halves_acc(dot_halves_i16(_paired_dots(rows, first[0], first[1], x, x_at), f0),
+                                _paired_dots(rows, first[2], first[3], x, x_at + 64), f1)
+    second_half = dot_halves_acc(dot_halves_i16(scale_pair, like_rows(broadcast_i32(sum_pairs, 8 * b + lane), rows)),
+                                 _paired_dots(rows, second[0], second[1], x, x_at + 128), f2)
+    return add(first_half, dot_halves_acc(second_half, _paired_dots(rows, second[2], second[3], x, x_at + 192), f3))
 
 
 @njit(cache=True, inline="always")
-def _paired_dots(v, w, x, x_at):
-    """v . x[x_at..] and w . x[x_at+32..] per row (vpdpbusd twice) as the low and high int16 of an I32x8."""
-    zero = zeros_i32x8()
-    low = dot4_acc(zero, v, broadcast_i8x4(x, x_at))
-    high = dot4_acc(zero, w, broadcast_i8x4(x, x_at + 32))
+def _paired_dots(rows, v, w, x, x_at):
+    """v . x[x_at..] and w . x[x_at+32..] per row (vpdpbusd twice) as the low and high int16 of an
+    I32x8 (I32x16 for a pair of groups)."""
+    zero = like_rows(zeros_i32x8(), rows)
+    low = dot4_acc(zero, v, like_rows(broadcast_i8x4(x, x_at), rows))
+    high = dot4_acc(zero, w, like_rows(broadcast_i8x4(x, x_at + 32), rows))
     return bits_or(mask_bits(low, 0xFFFF), shift_left(high, 16))
 
 
 @njit(cache=True, inline="always")
-def _scale_halves(w, base, m, n):
-    """sc[m] and sc[n] of 8 rows as the low and high int16 of an I32x8."""
-    return bits_or(mask_bits(load_i8x8_as_i32(w, base + _SCALES + 8 * m), 0xFFFF),
-                   shift_left(load_i8x8_as_i32(w, base + _SCALES + 8 * n), 16))
+def _scale_halves(rows, base, m, n):
+    """sc[m] and sc[n] of 8 rows (16 for a pair of groups) as the low and high int16 of each lane."""
+    return bits_or(mask_bits(rows_i8x8_as_i32(rows, base + _SCALES + 8 * m), 0xFFFF),
+                   shift_left(rows_i8x8_as_i32(rows, base + _SCALES + 8 * n), 16))
 
 
 @njit(cache=True, inline="always")
-def _side_scales(w, base, side):
+def _side_scales(rows, base, side):
     """The f0..f3 (_scale_halves) of one side's lanes: side 0 (lanes 0-3) takes the even scales, 1 the odd."""
-    return (_scale_halves(w, base, side, 2 + side), _scale_halves(w, base, 4 + side, 6 + side),
-            _scale_halves(w, base, 8 + side, 10 + side), _scale_halves(w, base, 12 + side, 14 + side))
+    return (_scale_halves(rows, base, side, 2 + side), _scale_halves(rows, base, 4 + side, 6 + side),
+            _scale_halves(rows, base, 8 + side, 10 + side), _scale_halves(rows, base, 12 + side, 14 + side))
 
 
 @njit(cache=True, inline="always")
@@ -140,11 +143,12 @@ def _side_lanes(w, base, x, sum_pairs, b, side, dd, a0, a1, a2, a3):
 
 
 @njit(cache=True, inline="always")
-def _scale_pair(w, base, lane):
-    """32 * sc[2 lane] and 32 * sc[2 lane + 1] of 8 rows as the low and high int16 of an I32x8
-    (|32 * sc| <= 4096)."""
+def _scale_pair(rows, base, lane):
+    """32 * sc[2 lane] and 32 * sc[2 lane + 1] of 8 rows (16 for a pair of groups) as the low and
+    high int16 of each lane (|32 * sc| <= 4096)."""
     at = base + _SCALES + 16 * lane
-    return bits_or(mask_bits(shift_left(load_i8x8_as_i32(w, at), 5), 0xFFFF), shift_left(load_i8x8_as_i32(w, at + 8), 21))
+    return bits_or(mask_bits(shift_left(rows_i8x8_as_i32(rows, at), 5), 0xFFFF),
+                   shift_left(rows_i8x8_as_i32(rows, at + 8), 21))
 
 
 @njit(cache=True)
@@ -173,50 +177,57 @@ def _group_one(w, xq, xd, sum_pairs, out, t, col):
     store_f32x8(out[t], col, vector_lane_sum(a0, a1, a2, a3, a4, a5, a6, a7))
 
 
-@njit(cache=True, inline="always")
-def _into_lane(lanes, at, dd, s):
-    """lanes[at:at+8] = fma(dd, float(s), lanes[at:at+8]): one token's lane accumulator in memory."""
-    store_f32x8(lanes, at, fma(dd, to_f32(s), load_f32x8(lanes, at)))
+LANE_SLOT = 16       # floats per (token, lane) accumulator in _group_one4's scratch: room for a pair of groups
+FOUR_LANES_FLOATS = 4 * 8 * LANE_SLOT
 
 
 @njit(cache=True, inline="always")
-def _lanes_total(lanes, at):
-    """vector_lane_sum of the 8 lane accumulators at lanes[at..at+63]."""
-    return vector_lane_sum(load_f32x8(lanes, at), load_f32x8(lanes, at + 8), load_f32x8(lanes, at + 16),
-                           load_f32x8(lanes, at + 24), load_f32x8(lanes, at + 32), load_f32x8(lanes, at + 40),
-                           load_f32x8(lanes, at + 48), load_f32x8(lanes, at + 56))
+def _into_lane(lanes, at, dd, s, rows):
+    """lanes[at:] = fma(dd, float(s), lanes[at:]): one token's lane accumulator in memory (8 floats, 16 for a pair)."""
+    store_like_rows(lanes, at, fma(dd, to_f32(s), load_like_rows(lanes, at, rows)), rows)
+
+
+@njit(cache=True, inline="always")
+def _lanes_total(lanes, at, rows):
+    """vector_lane_sum of one token's 8 lane accumulators from lanes[at] on (LANE_SLOT apart)."""
+    return vector_lane_sum(load_like_rows(lanes, at, rows), load_like_rows(lanes, at + LANE_SLOT, rows),
+                           load_like_rows(lanes, at + 2 * LANE_SLOT, rows), load_like_rows(lanes, at + 3 * LANE_SLOT, rows),
+                           load_like_rows(lanes, at + 4 * LANE_SLOT, rows), load_like_rows(lanes, at + 5 * LANE_SLOT, rows),
+                           load_like_rows(lanes, at + 6 * LANE_SLOT, rows), load_like_rows(lanes, at + 7 * LANE_SLOT, rows))
 
 
 @njit(cache=True)
-def _group_one4(w, xq, xd, sum_pairs, out, t0, t1, t2, t3, col, lanes):
-    """_group_one for 4 tokens (distinct), each in its own lane order as if alone, each lane's 6-bit
-    values unpacked once for all four (decode steps of 4+ sessions); lanes: 256 float32 of scratch
-    (the 32 lane accumulators do not fit in registers)."""
+def _group_one4(rows, xq, xd, sum_pairs, dest, t0, t1, t2, t3, lanes):
+    """_group_one for 4 tokens (distinct) x a packed group or a pair of them (row_pairs) -> dest, each
+    in its own lane order as if alone, each lane's 6-bit values unpacked once for all four (decode
+    steps of 4+ sessions); lanes: FOUR_LANES_FLOATS of float32 scratch (the 32 lane accumulators do
+    not fit in registers)."""
     lanes[:] = 0.0
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
     u0, u1, u2, u3 = sum_pairs[t0], sum_pairs[t1], sum_pairs[t2], sum_pairs[t3]
+    token = 8 * LANE_SLOT
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        d = load_halves_as_f32(w, base)
-        d0, d1 = mul(d, splat_f32(xd[t0, b])), mul(d, splat_f32(xd[t1, b]))
-        d2, d3 = mul(d, splat_f32(xd[t2, b])), mul(d, splat_f32(xd[t3, b]))
+        d = rows_halves(rows, base)
+        d0, d1 = mul(d, like_rows(splat_f32(xd[t0, b]), rows)), mul(d, like_rows(splat_f32(xd[t1, b]), rows))
+        d2, d3 = mul(d, like_rows(splat_f32(xd[t2, b]), rows)), mul(d, like_rows(splat_f32(xd[t3, b]), rows))
         for side in range(2):
-            f0, f1, f2, f3 = _side_scales(w, base, side)
+            f0, f1, f2, f3 = _side_scales(rows, base, side)
             for lane in range(4 * side, 4 * side + 4):
-                first, second = _lane_bits(w, base, lane)
-                pair = _scale_pair(w, base, lane)
-                _into_lane(lanes, 8 * lane, d0,
-                           _lane_sum(first, second, pair, x0, u0, b, lane, f0, f1, f2, f3))
-                _into_lane(lanes, 64 + 8 * lane, d1,
-                           _lane_sum(first, second, pair, x1, u1, b, lane, f0, f1, f2, f3))
-                _into_lane(lanes, 128 + 8 * lane, d2,
-                           _lane_sum(first, second, pair, x2, u2, b, lane, f0, f1, f2, f3))
-                _into_lane(lanes, 192 + 8 * lane, d3,
-                           _lane_sum(first, second, pair, x3, u3, b, lane, f0, f1, f2, f3))
-    store_f32x8(out[t0], col, _lanes_total(lanes, 0))
-    store_f32x8(out[t1], col, _lanes_total(lanes, 64))
-    store_f32x8(out[t2], col, _lanes_total(lanes, 128))
-    store_f32x8(out[t3], col, _lanes_total(lanes, 192))
+                first, second = _lane_bits(rows, base, lane)
+                pair = _scale_pair(rows, base, lane)
+                at = LANE_SLOT * lane
+                _into_lane(lanes, at, d0, _lane_sum(rows, first, second, pair, x0, u0, b, lane, f0, f1, f2, f3), rows)
+                _into_lane(lanes, token + at, d1,
+                           _lane_sum(rows, first, second, pair, x1, u1, b, lane, f0, f1, f2, f3), rows)
+                _into_lane(lanes, 2 * token + at, d2,
+                           _lane_sum(rows, first, second, pair, x2, u2, b, lane, f0, f1, f2, f3), rows)
+                _into_lane(lanes, 3 * token + at, d3,
+                           _lane_sum(rows, first, second, pair, x3, u3, b, lane, f0, f1, f2, f3), rows)
+    store_rows(dest, t0, _lanes_total(lanes, 0, rows))
+    store_rows(dest, t1, _lanes_total(lanes, token, rows))
+    store_rows(dest, t2, _lanes_total(lanes, 2 * token, rows))
+    store_rows(dest, t3, _lanes_total(lanes, 3 * token, rows))
 
 
 @njit(cache=True, inline="always")
@@ -329,19 +340,26 @@ def _tiled_tokens(rows, xq, xd, bsums, dest, call_length):
 
 
 @njit(cache=True, inline="always")
-def _vec_dot_tokens(w, xq, xd, sum_pairs, out, col, call_length, lanes):
-    """Every token of a call with fewer than 8 tokens x the packed group w -> out[t, col:col+8], 4 at
-    a time; sum_pairs: _negated_sum_pairs; lanes: _group_one4's scratch."""
+def _vec_dot_tiles(rows, xq, xd, sum_pairs, dest, call_length, lanes):
+    """The tokens of calls with fewer than 8 tokens x a group or a pair of groups (row_pairs) -> dest,
+    4 at a time -> (count, t0, t1, t2): the fewer than 4 left over (_vec_dot_alone); sum_pairs:
+    _negated_sum_pairs; lanes: _group_one4's scratch."""
     g0 = g1 = g2 = pending = 0                      # tokens waiting for 3 more
     for t in range(xd.shape[0]):
         if in_tiled_call(call_length, t, TILED_MIN_TOKENS):
             continue
         if pending == 3:
-            _group_one4(w, xq, xd, sum_pairs, out, g0, g1, g2, t, col, lanes)
+            _group_one4(rows, xq, xd, sum_pairs, dest, g0, g1, g2, t, lanes)
             pending = 0
         else:
             pending, g0, g1, g2 = hold(pending, g0, g1, g2, t)
-    for k in range(pending):                        # fewer than 4 left: alone
+    return pending, g0, g1, g2
+
+
+@njit(cache=True, inline="always")
+def _vec_dot_alone(w, xq, xd, sum_pairs, out, col, pending, g0, g1, g2):
+    """The tokens _vec_dot_tiles left over x the packed group w -> out[t, col:col+8], one at a time."""
+    for k in range(pending):
         _group_one(w, xq, xd, sum_pairs, out, held(k, g0, g1, g2), col)
 
 
@@ -357,11 +375,12 @@ def _any_tiled_token(call_length):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
-    Where the CPU has AVX512-VNNI and BW (wide_dot4_available) the tiled calls' tokens take two groups
-    at once."""
+    Where the CPU has AVX512-VNNI and BW (wide_dot4_available) the 4-token tiles (tiled and vec_dot
+    orders) take two groups at once."""
     xq, xd, bsums, _, call_length = acts
-    pairs = wide_dot4_available() and _any_tiled_token(call_length)     # decode steps: one group at a time
-    lanes = np.empty(256, np.float32)
+    pairs = wide_dot4_available()
+    tiled = _any_tiled_token(call_length)
+    lanes = np.empty(FOUR_LANES_FLOATS, np.float32)
     sum_pairs = np.empty((bsums.shape[0], bsums.shape[1] // 2), np.int32)
     _negated_sum_pairs(bsums, call_length, sum_pairs)
     i = first
@@ -369,13 +388,19 @@ def _groups(first, last, packed, acts, outs, part_ends):
         part, col = locate(part_ends, i)
         if pairs and i + 1 < last:
             part1, col1 = locate(part_ends, i + 1)
-            _tiled_tokens((packed[i], packed[i + 1]), xq, xd, bsums, (outs[part], col, outs[part1], col1), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, sum_pairs, outs[part], col, call_length, lanes)
-            _vec_dot_tokens(packed[i + 1], xq, xd, sum_pairs, outs[part1], col1, call_length, lanes)
+            rows, dest = (packed[i], packed[i + 1]), (outs[part], col, outs[part1], col1)
+            if tiled:
+                _tiled_tokens(rows, xq, xd, bsums, dest, call_length)
+            pending, g0, g1, g2 = _vec_dot_tiles(rows, xq, xd, sum_pairs, dest, call_length, lanes)
+            _vec_dot_alone(packed[i], xq, xd, sum_pairs, outs[part], col, pending, g0, g1, g2)
+            _vec_dot_alone(packed[i + 1], xq, xd, sum_pairs, outs[part1], col1, pending, g0, g1, g2)
             i += 2
         else:
-            _tiled_tokens(packed[i], xq, xd, bsums, (outs[part], col), call_length)
-            _vec_dot_tokens(packed[i], xq, xd, sum_pairs, outs[part], col, call_length, lanes)
+            dest = (outs[part], col)
+            if tiled:
+                _tiled_tokens(packed[i], xq, xd, bsums, dest, call_length)
+            pending, g0, g1, g2 = _vec_dot_tiles(packed[i], xq, xd, sum_pairs, dest, call_length, lanes)
+            _vec_dot_alone(packed[i], xq, xd, sum_pairs, outs[part], col, pending, g0, g1, g2)
             i += 1
 
 

@@ -10,7 +10,7 @@ bit-equal. Activation-side vectors (broadcasts, splats) are made 8 lanes wide an
 from numba import types
 from numba.extending import overload
 
-from ..simd import concat, high_half, load_halves_as_f32, low_half, store_f32x8
+from ..simd import concat, high_half, load_f32x8, load_halves_as_f32, low_half, store_f32x8
 from ..simd_int import load_i8x8_as_i32, load_i8x32
 from ..vec8 import sub
 from .kquants import scale_min_rows
@@ -38,6 +38,14 @@ def rows_scale_min(rows, at, s):
 
 def like_rows(v, rows):
     """An 8-lane vector as wide as rows' vectors: itself, or twice side by side for a pair."""
+
+
+def load_like_rows(arr, at, rows):
+    """float32 arr[at:at+8] as an F32x8, or arr[at:at+16] as an F32x16 for a pair (accumulators in memory)."""
+
+
+def store_like_rows(arr, at, v, rows):
+    """arr[at:at+8] = v (F32x8), or arr[at:at+16] = v (F32x16) for a pair."""
 
 
 def store_rows(dest, t, a):
@@ -105,3 +113,20 @@ def _store_rows(dest, t, a):
             store_f32x8(dest[2][t], dest[3], high_half(a))
         return pair
     return lambda dest, t, a: store_f32x8(dest[0][t], dest[1], a)
+
+
+@overload(load_like_rows, inline="always")
+def _load_like_rows(arr, at, rows):
+    if _is_pair(rows):
+        return lambda arr, at, rows: concat(load_f32x8(arr, at), load_f32x8(arr, at + 8))
+    return lambda arr, at, rows: load_f32x8(arr, at)
+
+
+@overload(store_like_rows, inline="always")
+def _store_like_rows(arr, at, v, rows):
+    if _is_pair(rows):
+        def pair(arr, at, v, rows):
+            store_f32x8(arr, at, low_half(v))
+            store_f32x8(arr, at + 8, high_half(v))
+        return pair
+    return lambda arr, at, v, rows: store_f32x8(arr, at, v)
