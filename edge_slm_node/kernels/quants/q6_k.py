@@ -18,9 +18,10 @@ The kernels here hold those lanes for 8 rows (one F32x8 per lane) and pick each 
 by the size of the llama.cpp call it belongs to (scratch.call_length, kernels/quants/common.py;
 >= 8: tiled), so they are bit-equal to it whatever else shares the kernel call. Decode steps of
 4+ sessions run 4 of their tokens together, each lane's 6-bit values unpacked once for all four
-(each token still summed as if alone), with AVX512-VNNI on a pair of row groups (16 rows, row_pairs.py). In the vec_dot order each 4-weight dot is one vpdpbusd, two
-dots share a lane as int16 halves for one pmaddwd by their two scales, and the -32 offset is one
-pmaddwd: fewer multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
+(each token still summed as if alone), with AVX512-VNNI on a pair of row groups (16 rows,
+row_pairs.py). In the vec_dot order each 4-weight dot is one vpdpbusd, two dots share a lane as
+int16 halves for one pmaddwd by their two scales, and the -32 offset is one pmaddwd: fewer
+multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
 """
 import numpy as np
 from numba import njit
@@ -190,10 +191,11 @@ def _into_lane(lanes, at, dd, s, rows):
 @njit(cache=True, inline="always")
 def _lanes_total(lanes, at, rows):
     """vector_lane_sum of one token's 8 lane accumulators from lanes[at] on (LANE_SLOT apart)."""
-    return vector_lane_sum(load_like_rows(lanes, at, rows), load_like_rows(lanes, at + LANE_SLOT, rows),
-                           load_like_rows(lanes, at + 2 * LANE_SLOT, rows), load_like_rows(lanes, at + 3 * LANE_SLOT, rows),
-                           load_like_rows(lanes, at + 4 * LANE_SLOT, rows), load_like_rows(lanes, at + 5 * LANE_SLOT, rows),
-                           load_like_rows(lanes, at + 6 * LANE_SLOT, rows), load_like_rows(lanes, at + 7 * LANE_SLOT, rows))
+    k = LANE_SLOT
+    return vector_lane_sum(load_like_rows(lanes, at, rows), load_like_rows(lanes, at + k, rows),
+                           load_like_rows(lanes, at + 2 * k, rows), load_like_rows(lanes, at + 3 * k, rows),
+                           load_like_rows(lanes, at + 4 * k, rows), load_like_rows(lanes, at + 5 * k, rows),
+                           load_like_rows(lanes, at + 6 * k, rows), load_like_rows(lanes, at + 7 * k, rows))
 
 
 @njit(cache=True)
