@@ -89,12 +89,12 @@ def quantize_rows_q8_k(x, xq, xd, bsums):
 
 
 @njit(cache=True)
-def scaled_group_sums(xq, factor, out):
-    """out (T, K/4) int32 = factor x the sum of each 4 consecutive int8 activations xq (T, K): the
-    start of a lane's integer dot that turns unsigned stored weights (w + offset) into signed ones."""
+def scaled_group_sums(xq, factor, bias, out):
+    """out (T, K/4) int32 = bias + factor x the sum of each 4 consecutive int8 activations xq (T, K):
+    the start of a lane's integer dot that turns unsigned stored weights (w + offset) into signed ones."""
     for t in range(xq.shape[0]):
         for g in range(xq.shape[1] // 4):
             total = np.int32(0)
             for e in range(4):
                 total += np.int32(xq[t, 4 * g + e])
-            out[t, g] = factor * total
+            out[t, g] = bias + factor * total

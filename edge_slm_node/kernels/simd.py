@@ -189,6 +189,25 @@ def to_f32(typingctx, v):
     return Vector("f32", v.count)(v), codegen
 
 
+# float(i) for |i| < 2^22 without a conversion: the bits EXACT_BIAS + i are the float 1.5 * 2^23 + i
+# exactly, and taking 1.5 * 2^23 off is exact. An integer dot started from EXACT_BIAS carries the
+# bias for free; the subtraction issues on either vector port of an Intel core, where a 512-bit
+# vcvtdq2ps shares port 0 with vpdpbusd (the two limit a many-token tile there).
+EXACT_BIAS = 0x4B400000
+
+
+@intrinsic
+def unbias(typingctx, v):
+    """I32xN holding EXACT_BIAS + i, |i| < 2^22 -> F32xN float(i), exact (to_f32 of i, bit for bit)."""
+    if not (isinstance(v, Vector) and v.kind == "i32"):
+        return None
+
+    def codegen(context, builder, sig, args):
+        floats = _vec("f32", sig.args[0].count)
+        return builder.fsub(builder.bitcast(args[0], floats), ir.Constant(floats, [1.5 * 2.0 ** 23] * floats.count))
+    return Vector("f32", v.count)(v), codegen
+
+
 @intrinsic
 def concat(typingctx, a, b):
     """Two vectors of one type side by side -> one of twice the lanes (a's lanes first)."""

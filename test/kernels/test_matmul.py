@@ -18,6 +18,7 @@ from gguf.quants import quantize
 from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
 from edge_slm_node.kernels.quantize import quantize_rows_q8, scaled_group_sums
+from edge_slm_node.kernels.simd import EXACT_BIAS
 from edge_slm_node.kernels.quants import F16, F32, Q4_0, Q4_1, Q8_0, q4_0, q4_1, q8_0
 from edge_slm_node.kernels.quants.common import ROWS_PER_GROUP, new_scratch
 from edge_slm_node.model.linear import FusedLinear, Linear, release_file_pages
@@ -251,7 +252,7 @@ def test_kernels_equal_llama_cpp_vec_dot(case):
         packed_acts = (acts.xq, acts.xd, acts.xs)
     else:
         offsets = np.empty((case["tokens"], case["length"] // 4), np.int32)
-        scaled_group_sums(acts.xq, -128, offsets)
+        scaled_group_sums(acts.xq, -128, EXACT_BIAS, offsets)
         packed_acts = (acts.xq, offsets, acts.xd)
     module = quant.kernels
     module._groups(0, linear.packed.shape[0], linear.packed, packed_acts, (out, empty, empty), linear.part_ends)

@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from ..quantize import quantize_rows_q8, scaled_group_sums
+from ..simd import EXACT_BIAS
 from ..team import member_share
 
 ROWS_PER_GROUP = 8            # packed layouts interleave the weights of 8 rows (one vector lane each)
@@ -123,15 +124,16 @@ def quantize_with_sums(x, scratch):
 
 @njit(cache=True, inline="always")
 def quantize_with_offsets(x, scratch, offset):
-    """x (T, K) -> (int8 q, offset x the sum of each 4 consecutive q (int32), d per block) in
-    scratch: the activations of the types whose signed weights are stored as unsigned ones with
-    `offset` taken off (Q5_0: -16, Q8_0: -128)."""
+    """x (T, K) -> (int8 q, EXACT_BIAS + offset x the sum of each 4 consecutive q (int32), d per
+    block) in scratch: the activations of the types whose signed weights are stored as unsigned
+    ones with `offset` taken off (Q5_0: -16, Q8_0: -128); lanes.wide_block_offset starts its
+    integer dots there."""
     num_tokens, length = x.shape
     xq = rows_of(scratch.q8, num_tokens, length)
     xd = rows_of(scratch.scales, num_tokens, length // 32)
     quantize_rows_q8(x, xq, xd, rows_of(scratch.sums, num_tokens, length // 32))
     offsets = rows_of(scratch.q16.view(np.int32), num_tokens, length // 4)
-    scaled_group_sums(xq, offset, offsets)
+    scaled_group_sums(xq, offset, EXACT_BIAS, offsets)
     return xq, offsets, xd
 
 

@@ -10,17 +10,20 @@ hold those lanes for 8 rows at once, one vector lane per row; row kernels as 8 s
 import numpy as np
 from numba import njit
 
+from ..cpu import cpu_vendor
 from ..half import half_to_float
-from ..simd import (add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, prefetch, splat_f32,
-                    store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
+from ..simd import (EXACT_BIAS, add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, prefetch,
+                    splat_f32, splat_i32, store_f32x8, unbias, zeros_f32x8)
 from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc,
                         dot_pairs_u8_i8, high_nibbles, low_nibbles)
 
-# Decode (one token) streams the weights from memory. Software prefetch of them (each block
-# asking for the bytes PREFETCH_BYTES ahead) once measured ~1.3x on the whole decode pass; on
-# the AMD EPYC hosts of 2026-12-03 the hardware prefetchers did better alone (1.5B: all of a
-# token's matmuls 1.20x, the two-thread decode step 1.12x faster without; README, speed), so off.
-PREFETCH_WEIGHTS = False
+# Decode streams the weights from memory. Software prefetch of them (each block asking for the
+# bytes PREFETCH_BYTES ahead) is on for Intel CPUs only: on the AMD EPYC hosts of 2026-12-03 the
+# hardware prefetchers did better alone (1.5B: all of a token's matmuls 1.20x, the two-thread
+# decode step 1.12x faster without); on the Intel Xeon host of 2026-12-05 the SmolLM2 decode step
+# was ~1.3x faster with, the 1.5B's 1.06x (README, speed). Fixed when a kernel compiles (numba's
+# disk cache keeps one entry per CPU model).
+PREFETCH_WEIGHTS = cpu_vendor() == "GenuineIntel"
 PREFETCH_BYTES = 2048
 
 
@@ -64,8 +67,9 @@ def no_wide_lanes():
 
 @njit(cache=True, inline="always")
 def _wide_lane(values, x, at, start, dd, acc):
-    """acc + dd * float(start + each 4-byte word of values . the word of x[at..at+7] it lines up with)."""
-    return fma(dd, to_f32(dot4_any_u8_acc(start, values, broadcast_i8x8(x, at))), acc)
+    """acc + dd * float(start - EXACT_BIAS + each 4-byte word of values . the word of x[at..at+7]
+    it lines up with), the integer below 2^22 in magnitude."""
+    return fma(dd, unbias(dot4_any_u8_acc(start, values, broadcast_i8x8(x, at))), acc)
 
 
 @njit(cache=True, inline="always")
@@ -75,15 +79,16 @@ def wide_block(values, d_w, x, at, d_x, acc):
     v01, v23, v45, v67 = values
     lanes01, lanes23, lanes45, lanes67 = acc
     dd = mul(each_twice(d_w), concat(splat_f32(d_x), splat_f32(d_x)))
-    zero = concat(zeros_i32x8(), zeros_i32x8())
-    return (_wide_lane(v01, x, at, zero, dd, lanes01), _wide_lane(v23, x, at + 8, zero, dd, lanes23),
-            _wide_lane(v45, x, at + 16, zero, dd, lanes45), _wide_lane(v67, x, at + 24, zero, dd, lanes67))
+    bias = concat(splat_i32(EXACT_BIAS), splat_i32(EXACT_BIAS))
+    return (_wide_lane(v01, x, at, bias, dd, lanes01), _wide_lane(v23, x, at + 8, bias, dd, lanes23),
+            _wide_lane(v45, x, at + 16, bias, dd, lanes45), _wide_lane(v67, x, at + 24, bias, dd, lanes67))
 
 
 @njit(cache=True, inline="always")
 def wide_block_offset(values, d_w, x, offsets, at, d_x, acc):
     """wide_block with each lane's integer dot started from offsets[(at + 4 * lane's group) / 4]
-    (int32, one per 4 activations: what turns unsigned stored values into the signed weights)."""
+    (int32, one per 4 activations: what turns unsigned stored values into the signed weights,
+    plus EXACT_BIAS: common.quantize_with_offsets)."""
     v01, v23, v45, v67 = values
     lanes01, lanes23, lanes45, lanes67 = acc
     dd = mul(each_twice(d_w), concat(splat_f32(d_x), splat_f32(d_x)))

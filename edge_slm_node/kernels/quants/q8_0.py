@@ -75,6 +75,7 @@ def _group(w, xq, offsets, xd, out, t0, col):
     accs = no_wide_lanes(), no_wide_lanes(), no_wide_lanes(), no_wide_lanes()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 5)
         accs = wide_tile_offset(_chunks(w, base), load_halves_as_f32(w, base), x, o, b * 32, tile_column(xd, t0, b),
                                 accs)
     store_tile(out, t0, col, tile_results(accs))
