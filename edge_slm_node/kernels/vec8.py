@@ -219,7 +219,7 @@ def exp(typingctx, v):
     """ops.exp_f32 (ggml_v_expf) on 8 lanes. Lanes with |n| > 126 take the special path only when
     there are any, as ggml branches: computed always, its 2^-125 squared underflows, and an Intel
     core takes a microcode assist for each such product (exp of a negative number: every softmax
-    and SiLU vector, ~5x their time on the Xeon host of 2026-12-05)."""
+    and SiLU vector; silu_mul took ~7x as long on the Xeon host of 2026-12-05)."""
     if v != F32x8:
         return None
 

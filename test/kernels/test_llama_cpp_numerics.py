@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edge_slm_node.kernels import ops
+from edge_slm_node.kernels import ops, simd, vec8
 from edge_slm_node.kernels.attention import paged_attention
 from edge_slm_node.kernels.attention_math import dot_f16 as _dot_f16
 
@@ -39,6 +39,32 @@ def exp_f32(x):
 def test_exp_is_ggml_vector_exp():
     x, expected = floats(FIXTURE["exp"]["x"]), floats(FIXTURE["exp"]["y"])
     np.testing.assert_array_equal(exp_f32(x).view(np.uint32), expected.view(np.uint32))
+
+
+@njit
+def _vector_exp(x, out):
+    for i in range(0, x.shape[0], 8):
+        simd.store_f32x8(out, i, vec8.exp(simd.load_f32x8(x, i)))
+
+
+def test_vector_exp_is_ggml_vector_exp_lane_by_lane():
+    """vec8.exp takes its special path (|n| > 126: x beyond ~+-87.3, or -inf) only for vectors with
+    such a lane: on the fixture's inputs, and with one special lane put among 7 ordinary ones at
+    every lane position, it equals ggml's outputs and the scalar statement in every lane."""
+    x, expected = floats(FIXTURE["exp"]["x"]), floats(FIXTURE["exp"]["y"])
+    out = np.full_like(x, np.nan)
+    _vector_exp(x, out)
+    np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
+    rng = np.random.default_rng(7)
+    special = np.array([-np.inf, -150.0, -100.0, -88.0, 88.5, 95.0, 140.0, 200.0], np.float32)
+    mixed = rng.uniform(-80.0, 80.0, 8 * 8 * len(special)).astype(np.float32)
+    for s, value in enumerate(special):
+        for lane in range(8):
+            mixed[8 * (8 * s + lane) + lane] = value
+    out = np.full_like(mixed, np.nan)
+    _vector_exp(mixed, out)
+    np.testing.assert_array_equal(out.view(np.uint32), exp_f32(mixed).view(np.uint32))
+    assert np.count_nonzero(np.abs(mixed) > 87.5) == 8 * len(special)
 
 
 def test_silu_mul_is_ggml_swiglu_including_the_scalar_tail():
