@@ -151,7 +151,11 @@ def locate(part_ends, group):
 def run_serial(prepare, groups, tail_rows, packed, tail, part_ends, x, scratch, outs):
     """prepare(x, scratch) -> activations; groups(first, last, packed, acts, outs, part_ends);
     tail_rows(tail, acts, outs, part_ends) (rows after the last group, in the last part): the
-    matmul on the calling thread, or its team member's share of it (scratch.team)."""
+    matmul on the calling thread, or its team member's share of it (scratch.team).
+    A team's members run the same matrix at once: `groups` must not call a compiled function
+    per row group with a view such as packed[i] (numba increfs and decrefs the matrix's shared
+    refcount around each such call, an atomic on a cache line the two cores then bounce), so the
+    types' per-group tiles are inlined into their `groups`."""
     acts = prepare(x, scratch)
     first, last = team_share(scratch, packed.shape[0])
     groups(first, last, packed, acts, outs, part_ends)

@@ -48,7 +48,7 @@ def _prepare(x, scratch):
     return xq, xsum, xd
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")      # no refcount per group: common.py, run_serial
 def _group(w, xq, xsum, xd, out, t0, col):
     """8 rows (packed Q4_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     acc0 = acc1 = acc2 = acc3 = zeros_f32x8()
@@ -77,7 +77,7 @@ def _group(w, xq, xsum, xd, out, t0, col):
     store_f32x8(out[t0 + 3], col, acc3)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _group_one(w, xq, xsum, xd, out, t, col):
     """8 rows (packed Q4_0 group w) x token t -> out[t, col:col+8]."""
     acc = zeros_f32x8()

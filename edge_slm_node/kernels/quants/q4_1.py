@@ -46,7 +46,7 @@ def _nibbles(w, base):
     return low_nibbles(q0), low_nibbles(q1), high_nibbles(q0), high_nibbles(q1)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")      # no refcount per group: common.py, run_serial
 def _group(w, xq, xd, xs, out, t0, col):
     """8 rows (packed Q4_1 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x = tile_rows(xq, t0)
@@ -59,7 +59,7 @@ def _group(w, xq, xd, xs, out, t0, col):
     store_tile(out, t0, col, tile_results_plus(accs, summs))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _group_one(w, xq, xd, xs, out, t, col):
     """8 rows (packed Q4_1 group w) x token t -> out[t, col:col+8]."""
     x = xq[t]

@@ -42,7 +42,7 @@ def _prepare(x, scratch):
     return quantize_with_offsets(x, scratch, -16)     # the -16 of every weight
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")      # no refcount per group: common.py, run_serial
 def _group(w, xq, offsets, xd, out, t0, col):
     """8 rows (packed Q5_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x, o = tile_rows(xq, t0), tile_rows(offsets, t0)
@@ -54,7 +54,7 @@ def _group(w, xq, offsets, xd, out, t0, col):
     store_tile(out, t0, col, tile_results(accs))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _group_one(w, xq, offsets, xd, out, t, col):
     """8 rows (packed Q5_0 group w) x token t -> out[t, col:col+8]."""
     x, o = xq[t], offsets[t]

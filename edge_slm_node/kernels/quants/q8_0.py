@@ -68,7 +68,7 @@ def _chunks(w, base):
             toggle_bits(load_i8x64(w, base + 144), 0x80), toggle_bits(load_i8x64(w, base + 208), 0x80))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")      # no refcount per group: common.py, run_serial
 def _group(w, xq, offsets, xd, out, t0, col):
     """8 rows (packed Q8_0 group w) x tokens t0..t0+3 -> out[t, col:col+8]."""
     x, o = tile_rows(xq, t0), tile_rows(offsets, t0)
@@ -81,7 +81,7 @@ def _group(w, xq, offsets, xd, out, t0, col):
     store_tile(out, t0, col, tile_results(accs))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _group_one(w, xq, offsets, xd, out, t, col):
     """8 rows (packed Q8_0 group w) x token t -> out[t, col:col+8]."""
     x, o = xq[t], offsets[t]
