@@ -152,10 +152,11 @@ def run_serial(prepare, groups, tail_rows, packed, tail, part_ends, x, scratch, 
     """prepare(x, scratch) -> activations; groups(first, last, packed, acts, outs, part_ends);
     tail_rows(tail, acts, outs, part_ends) (rows after the last group, in the last part): the
     matmul on the calling thread, or its team member's share of it (scratch.team).
-    A team's members run the same matrix at once: `groups` must not call a compiled function
-    per row group with a view such as packed[i] (numba increfs and decrefs the matrix's shared
-    refcount around each such call, an atomic on a cache line the two cores then bounce), so the
-    types' per-group tiles are inlined into their `groups`."""
+    A compiled function called per row group with a view such as packed[i] costs a call and an
+    incref/decref pair (locked instructions, though each member's refcounts are its own: every
+    unboxing makes its own meminfo), so the decode tiles are inlined into their `groups` where
+    that measured faster (README, "Per-group tiles inlined"); the K-quant ones only for 4 tokens,
+    as inlining all of them took the package's first compile from ~2 to ~9 minutes."""
     acts = prepare(x, scratch)
     first, last = team_share(scratch, packed.shape[0])
     groups(first, last, packed, acts, outs, part_ends)

@@ -206,7 +206,7 @@ def _group_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     store_difference(dest, t3, a3, m3)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")      # common.py, run_serial
 def _group_one_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     """_group_one for 4 tokens (distinct) x a packed group or a pair of them (row_pairs) -> dest: the
     gemv's order for each, as if each ran alone, with every chunk loaded and its low nibbles taken

@@ -198,7 +198,7 @@ def _lanes_total(lanes, at, rows):
                            load_like_rows(lanes, at + 6 * k, rows), load_like_rows(lanes, at + 7 * k, rows))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")      # common.py, run_serial
 def _group_one4(rows, xq, xd, sum_pairs, dest, t0, t1, t2, t3, lanes):
     """_group_one for 4 tokens (distinct) x a packed group or a pair of them (row_pairs) -> dest, each
     in its own lane order as if alone, each lane's 6-bit values unpacked once for all four (decode
