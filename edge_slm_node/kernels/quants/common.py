@@ -154,9 +154,9 @@ def run_serial(prepare, groups, tail_rows, packed, tail, part_ends, x, scratch, 
     matmul on the calling thread, or its team member's share of it (scratch.team).
     A compiled function called per row group with a view such as packed[i] costs a call and an
     incref/decref pair (locked instructions, though each member's refcounts are its own: every
-    unboxing makes its own meminfo), so the decode tiles are inlined into their `groups` where
-    that measured faster (README, "Per-group tiles inlined"); the K-quant ones only for 4 tokens,
-    as inlining all of them took the package's first compile from ~2 to ~9 minutes."""
+    unboxing makes its own meminfo): the Q4_x/Q5_x/Q8_0 tiles are inlined into their `groups`, and
+    of the K-quant ones only the 4-token decode tiles, as inlining all of them took the package's
+    first compile from ~2 to ~9 minutes for no further gain (README, "Per-group tiles inlined")."""
     acts = prepare(x, scratch)
     first, last = team_share(scratch, packed.shape[0])
     groups(first, last, packed, acts, outs, part_ends)
