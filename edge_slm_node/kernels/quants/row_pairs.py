@@ -14,6 +14,7 @@ from ..simd import concat, high_half, load_f32x8, load_halves_as_f32, low_half, 
 from ..simd_int import load_i8x8_as_i32, load_i8x32
 from ..vec8 import sub
 from .kquants import scale_min_rows
+from .lanes import prefetch_lines
 
 
 def _is_pair(rows) -> bool:
@@ -34,6 +35,10 @@ def rows_i8x8_as_i32(rows, at):
 
 def rows_scale_min(rows, at, s):
     """kquants.scale_min_rows of each group -> (scale, min), I32x8 or I32x16 each."""
+
+
+def prefetch_rows(rows, at, lines):
+    """lanes.prefetch_lines of each group from byte `at` on."""
 
 
 def like_rows(v, rows):
@@ -86,6 +91,16 @@ def _rows_scale_min(rows, at, s):
             return concat(scale0, scale1), concat(min0, min1)
         return pair
     return lambda rows, at, s: scale_min_rows(rows, at, s)
+
+
+@overload(prefetch_rows, inline="always")
+def _prefetch_rows(rows, at, lines):
+    if _is_pair(rows):
+        def pair(rows, at, lines):
+            prefetch_lines(rows[0], at, lines)
+            prefetch_lines(rows[1], at, lines)
+        return pair
+    return lambda rows, at, lines: prefetch_lines(rows, at, lines)
 
 
 @overload(like_rows, inline="always")
