@@ -21,8 +21,9 @@ from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcas
 # bytes PREFETCH_BYTES ahead) is on for Intel CPUs only: on the AMD EPYC hosts of 2026-12-03 the
 # hardware prefetchers did better alone (1.5B: all of a token's matmuls 1.20x, the two-thread
 # decode step 1.12x faster without); on the Intel Xeon host of 2026-12-05 the SmolLM2 decode step
-# was ~1.3x faster with, the 1.5B's 1.06x (README, speed). Fixed when a kernel compiles (numba's
-# disk cache keeps one entry per CPU model).
+# was ~1.3x faster with, the 1.5B's 1.06x (README, speed); every 4-token tile prefetches as well
+# (2026-12-06: without it a 4-session step paid memory stalls and compute one after the other).
+# Fixed when a kernel compiles (numba's disk cache keeps one entry per CPU model).
 PREFETCH_WEIGHTS = cpu_vendor() == "GenuineIntel"
 PREFETCH_BYTES = 2048
 

@@ -55,6 +55,7 @@ def _group(w, xq, xsum, xd, out, t0, col):
     x0, x1, x2, x3 = xq[t0], xq[t0 + 1], xq[t0 + 2], xq[t0 + 3]
     for b in range(xd.shape[1]):
         base = b * 144
+        prefetch_lines(w, base + PREFETCH_BYTES, 3)
         i0 = splat_i32(-8 * xsum[t0, b])
         i1 = splat_i32(-8 * xsum[t0 + 1, b])
         i2 = splat_i32(-8 * xsum[t0 + 2, b])

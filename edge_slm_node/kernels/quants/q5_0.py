@@ -49,6 +49,7 @@ def _group(w, xq, offsets, xd, out, t0, col):
     accs = no_wide_lanes(), no_wide_lanes(), no_wide_lanes(), no_wide_lanes()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 3)
         accs = wide_tile_offset(five_bit_vectors(w, base + 16, base + 48), load_halves_as_f32(w, base), x, o, b * 32,
                                 tile_column(xd, t0, b), accs)
     store_tile(out, t0, col, tile_results(accs))

@@ -43,6 +43,7 @@ def _group(w, xq, xd, xs, out, t0, col):
     summs = zeros_f32x8(), zeros_f32x8(), zeros_f32x8(), zeros_f32x8()
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
+        prefetch_lines(w, base + PREFETCH_BYTES, 3)
         values = five_bit_vectors(w, base + 32, base + 64)
         accs, summs = tile_block_with_min(values, w, base, x, b * 32, xd, xs, t0, b, accs, summs)
     store_tile(out, t0, col, tile_results_plus(accs, summs))
