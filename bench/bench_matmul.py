@@ -92,8 +92,9 @@ def shapes(model):
     return found
 
 
-def call_of(matrix, tokens: int, parallel: bool, rng):
-    """-> (fn running matrix on a random x, multiply-adds per call)."""
+def call_of(matrix, tokens: int, parallel: bool, rng, rows_alone: bool = False):
+    """-> (fn running matrix on a random x, multiply-adds per call); rows_alone (a Linear): each
+    token summed as its own llama.cpp call, as the tokens of a decode step's sessions are."""
     parts = matrix.parts if isinstance(matrix, FusedLinear) else [matrix]
     k = parts[0].in_features
     x = rng.standard_normal((tokens, k)).astype(np.float32)
@@ -102,7 +103,7 @@ def call_of(matrix, tokens: int, parallel: bool, rng):
     macs = tokens * k * sum(p.out_features for p in parts)
     if isinstance(matrix, FusedLinear):
         return (lambda: matrix.apply(x, scratch, outs, parallel)), macs
-    return (lambda: matrix.apply(x, scratch, outs[0], parallel)), macs
+    return (lambda: matrix.apply(x, scratch, outs[0], parallel, rows_alone)), macs
 
 
 def decode_pass(model, fused: bool, parallel: bool, rng):

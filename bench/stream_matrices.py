@@ -1,9 +1,10 @@
 """Decode-step matmuls per matrix kind, weights streamed from memory: GB/s of each kind's kernel.
 
-    python bench/stream_matrices.py [--model PATH_OR_NAME] [--rounds 9]
+    python bench/stream_matrices.py [--model PATH_OR_NAME] [--rounds 9] [--tokens 1]
 
 For each kind (q, k, v, o, gate, up, down, and the output head) the matrices of every layer are
-run one after the other for one token (T=1, matmul_serial on this thread), so a kind's weights
+run one after the other for one token (--tokens 4: four, each its own llama.cpp call, as in a
+decode step of 4 sessions; matmul_serial on this thread), so a kind's weights
 stream from memory as in a real decode step (a layer's matrices each fit the L3; a kind's
 28 together do not, except the smallest). Timed by this thread's CPU time (steadier on a
 shared VM), median over rounds after the first, kinds alternating within a round. Compare
@@ -29,9 +30,9 @@ from edge_slm_node.model.loader import load_model  # noqa: E402
 KINDS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
-def serial_pass(matrices, rng):
-    """A function running each matrix once on its own random token (matmul_serial), in order."""
-    calls = [call_of(matrix, 1, False, rng)[0] for matrix in matrices]
+def serial_pass(matrices, tokens, rng):
+    """A function running each matrix once on its own random tokens (matmul_serial), in order."""
+    calls = [call_of(matrix, tokens, False, rng, rows_alone=True)[0] for matrix in matrices]
 
     def run():
         for call in calls:
@@ -43,19 +44,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--tokens", type=int, default=1)
     args = parser.parse_args()
     model = load_model(args.model)
     rng = np.random.default_rng(0)
     kinds = {kind: [getattr(layer, kind) for layer in model.weights.layers] for kind in KINDS}
     kinds["head"] = [model.weights.output]
-    passes = {kind: serial_pass(matrices, rng) for kind, matrices in kinds.items()}
+    passes = {kind: serial_pass(matrices, args.tokens, rng) for kind, matrices in kinds.items()}
     samples = {kind: [] for kind in kinds}
     for _ in range(args.rounds):
         for kind, run in passes.items():
             started = time.thread_time()
             run()
             samples[kind].append(time.thread_time() - started)
-    print(f"{model.path}, load average {os.getloadavg()[0]:.1f}")
+    print(f"{model.path}, {args.tokens} token(s) a call, load average {os.getloadavg()[0]:.1f}")
     print(f"{'kind':<6} {'types':<12} {'calls':>5} {'MB':>8} {'ms':>8} {'GB/s':>6} {'us/call':>9}")
     total_bytes = total_seconds = 0.0
     for kind, matrices in kinds.items():
