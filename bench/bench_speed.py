@@ -294,8 +294,8 @@ def notes(invocation):
                    f"{w['head_bytes'] / 2**20:.1f}) -> bound {bw['bound_tps_1_thread']:.0f} tok/s (1 thread), "
                    f"{bw['bound_tps_2_threads']:.0f} (2); a buffer of that size reads at "
                    f"{bw['gb_per_s_model_sized']['1']:.1f} / {bw['gb_per_s_model_sized']['2']:.1f} GB/s "
-                   f"(-> {bw['bound_tps_model_sized_2_threads']:.0f} tok/s): weights smaller than the 300 MiB L3 "
-                   f"the VM reports need not come from memory")
+                   f"(-> {bw['bound_tps_model_sized_2_threads']:.0f} tok/s): weights smaller than the L3 the VM "
+                   f"reports (lscpu) need not come from memory")
     for key, label in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
         python = median_of(runs, "llama-cpp-python", "clean", key)
         bench = median_of(runs, "llama-bench", "clean", key)
