@@ -28,11 +28,13 @@ PROMPT_CHUNK queries, DECODE_CHUNK in the one-token order); one work item is a (
 kv_head). An item converts each K (then V) tile of block_size x head_dim to float32 once
 and uses it for every query head of the group and every query of the chunk; each query keeps
 its own summation order exactly (vectors run along head_dim, or along the output elements
-for P . V, never across the summed index). In the decode orders over longer contexts P . V goes
-lane by lane instead (a lane's positions are every 32nd or 64th): its V rows converted once for
-every query head, its accumulators in registers rather than a store per position. Small calls
-run on the calling thread (no parallel region: waking numba's workers costs 12-70 us here),
-larger ones on the thread pool with items interleaved so that causal prefill splits evenly.
+for P . V, never across the summed index). In the AVX-512 decode order, a context of at most
+VALUE_ROWS positions has P . V summed with the 64 lanes in registers, 16 output elements at a time
+(`lane_sums_wide`); the decode orders over longer contexts go lane by lane (a lane's positions are
+every 32nd or 64th): its V rows converted once for every query head, its accumulators in
+registers rather than a store per position. Small calls run on the calling thread (no parallel
+region: waking numba's workers costs 12-70 us here), larger ones on the thread pool with items
+interleaved so that causal prefill splits evenly.
 """
 import numba
 import numpy as np
@@ -40,10 +42,10 @@ from numba import njit, prange
 
 from . import simd, vec8
 from .attention_math import (DECODE_LANES, LANE_ROWS, MIN_ROWS_BY_LANE, PREFETCH_SPANS, PROMPT_LANES, SPAN,
-                             WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows, load_span, load_strided, prefetch_rows,
-                             reduce_16, reduce_16_rows, reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64,
-                             scores_64_wide, scores_128_wide, scores_any, weighted_lane, weighted_rows,
-                             weighted_rows_streamed)
+                             VALUE_PAD, VALUE_ROWS, WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows,
+                             lane_sums_wide, load_span, load_strided, prefetch_rows, reduce_16, reduce_16_rows,
+                             reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64, scores_64_wide,
+                             scores_128_wide, scores_any, weighted_lane, weighted_rows, weighted_rows_streamed)
 from .half import round_to_half
 
 PROMPT_CHUNK = 8          # queries per item in the prompt order (8 lanes of accumulators each)
@@ -59,7 +61,7 @@ def _work_size(group, head_dim, max_context):
     width = (max_context + 15) // 16 * 16
     chunk = max(PROMPT_CHUNK, DECODE_CHUNK)
     return chunk * group * (head_dim + width) + PROMPT_CHUNK * WIDE_PROMPT_LANES * group * head_dim \
-        + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)
+        + max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD)) + max(head_dim, WIDE_DECODE_LANES) + 128
 
 
 @njit(cache=True, inline="always")
@@ -112,17 +114,21 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     # positions of [base, c - window) are masked (probability 0, as llama.cpp's -inf mask).
     base = window_base(token_context, first_token, count, max_context, window)
     # scratch, flat: queries (count, group, head_dim), scores (count, group, width),
-    # acc (count, group, num_lanes, head_dim), span (SPAN, head_dim)
+    # acc (count, group, num_lanes, head_dim), span (SPAN rows, or VALUE_ROWS padded ones), result
     end = count * group * head_dim
     queries = work[:end]
     scores = work[end:end + count * group * width]
     end += count * group * width
     acc = work[end:end + count * group * num_lanes * head_dim]
     end += count * group * num_lanes * head_dim
-    span = work[end:end + SPAN * head_dim]
-    result = work[end + SPAN * head_dim:end + SPAN * head_dim + max(head_dim, WIDE_DECODE_LANES)]
-    streamed = num_lanes >= DECODE_LANES         # P . V by weighted_rows_streamed or by lane: acc cleared there
-    by_lane = streamed and max_context - base >= MIN_ROWS_BY_LANE * num_lanes
+    span_size = max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD))
+    span = work[end:end + span_size]
+    end += span_size
+    result = work[end:end + max(head_dim, WIDE_DECODE_LANES) + 128]
+    # P . V: 64 lanes in registers, or by weighted_rows_streamed or by lane (acc cleared there)
+    in_registers = avx512 and not pv_prompt and head_dim % 16 == 0 and max_context - base <= VALUE_ROWS
+    streamed = num_lanes >= DECODE_LANES
+    by_lane = streamed and not in_registers and max_context - base >= MIN_ROWS_BY_LANE * num_lanes
     if not streamed:
         for i in range(0, acc.shape[0] // 8 * 8, 8):
             simd.store_f32x8(acc, i, simd.zeros_f32x8())
@@ -153,7 +159,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
         elif ahead - num_spans * SPAN < max_context:
             ahead -= num_spans * SPAN
             prefetch_rows(v_cache, table, kv_head, ahead, min(ahead + SPAN, max_context), head_dim)
-        load_span(k_cache, table, kv_head, start, rows, span, head_dim)
+        load_span(k_cache, table, kv_head, start, rows, span, head_dim, head_dim)
         for m in range(count):
             n = min(rows, token_context[first_token + m] - start)
             for g in range(group):
@@ -207,7 +213,10 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
             for s in range(base, context, 8):
                 simd.store_f32x8(scores, at + s, vec8.round_half(simd.mul(simd.load_f32x8(scores, at + s), inverse)))
     # out = P . V: lane p % num_lanes of each output element sums its positions in order
-    if by_lane:
+    if in_registers:
+        _weighted_in_registers(v_cache, table, kv_head, base, max_context, first_token, count, token_context, group,
+                               width, scores, span, result, out, head_dim)
+    elif by_lane:
         _weighted_by_lane(v_cache, table, kv_head, base, max_context, first_token, count, token_context, group,
                           width, scores, num_lanes, acc, span, head_dim)
     else:
@@ -216,7 +225,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
             ahead = start + PREFETCH_SPANS * SPAN
             if ahead < max_context:
                 prefetch_rows(v_cache, table, kv_head, ahead, min(ahead + SPAN, max_context), head_dim)
-            load_span(v_cache, table, kv_head, start, rows, span, head_dim)
+            load_span(v_cache, table, kv_head, start, rows, span, head_dim, head_dim)
             for m in range(count):
                 n = min(rows, token_context[first_token + m] - start)
                 if n <= 0:
@@ -227,6 +236,8 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                         weighted_rows_streamed(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc, start == base)
                     else:
                         weighted_rows(span, n, head_dim, scores, at_w, num_lanes, acc, at_acc)
+    if in_registers:                             # out written already
+        return
     for m in range(count):
         t = first_token + m
         for g in range(group):
@@ -258,6 +269,25 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
                     result[d] = (a0 + a2) + (a1 + a3)
                 else:
                     result[d] = reduce_32(acc[at + d:at + d + 32 * head_dim:head_dim], 0)
+                out[t, h, d] = result[d]
+
+
+@njit(cache=True, inline="always")
+def _weighted_in_registers(v_cache, table, kv_head, base, max_context, first_token, count, token_context, group,
+                           width, scores, values, result, out, head_dim):
+    """P . V in the AVX-512 decode order by lane_sums_wide -> out, the V rows of [base, max_context)
+    (at most VALUE_ROWS) converted to float32 into `values` once for every query head."""
+    # the K pass prefetched the first spans; the rest now
+    prefetch_rows(v_cache, table, kv_head, min(max_context, base + PREFETCH_SPANS * SPAN), max_context, head_dim)
+    rows = max_context - base
+    load_span(v_cache, table, kv_head, base, rows, values, head_dim, head_dim + VALUE_PAD)
+    for m in range(count):
+        t = first_token + m
+        n = max(0, min(rows, token_context[t] - base))
+        for g in range(group):
+            lane_sums_wide(values, n, head_dim, head_dim + VALUE_PAD, scores, (m * group + g) * width + base, result)
+            h = kv_head * group + g
+            for d in range(head_dim):
                 out[t, h, d] = result[d]
 
 

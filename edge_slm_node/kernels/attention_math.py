@@ -22,6 +22,13 @@ LANE_ROWS = 16            # a decode-order P . V by lane converts a lane's V row
 # ... and goes by lane when its lanes get at least this many rows each (with fewer, converting
 # and summing position by position is faster: 0.9x at ~1.5 rows a lane, 1.2-1.4x from ~2.3)
 MIN_ROWS_BY_LANE = 2
+# The AVX-512 decode order keeps a P . V's 64 lanes in registers (lane_sums_wide) when its V rows
+# (converted to float32 at once) are at most this many; beyond, going by lane is faster (their
+# 64 KiB or more no longer stay in L1 while every 16 output elements pass over them again).
+VALUE_ROWS = 256
+# ... stored VALUE_PAD floats apart beyond head_dim: at a power-of-two stride the rows that one
+# pass reads (8 rows apart) fall into the same few L1 sets and evict each other
+VALUE_PAD = 16
 
 
 @njit(cache=True, inline="always")
@@ -60,6 +67,47 @@ def reduce_64(lanes, at):
     for i in range(16):
         lanes[at + i] = (lanes[at + i] + lanes[at + 32 + i]) + (lanes[at + 16 + i] + lanes[at + 48 + i])
     return reduce_16(lanes, at)
+
+
+# 16-lane vectors (the AVX-512 build's width) as two F32x8 halves joined: LLVM emits one 512-bit
+# load, store or operation for each where the CPU has AVX-512, two 256-bit ones elsewhere.
+
+@njit(cache=True, inline="always")
+def load16(arr, at):
+    """arr[at:at+16] of a contiguous float32 array -> F32x16."""
+    return simd.concat(simd.load_f32x8(arr, at), simd.load_f32x8(arr, at + 8))
+
+
+@njit(cache=True, inline="always")
+def store16(arr, at, v):
+    """arr[at:at+16] = v (F32x16)."""
+    simd.store_f32x8(arr, at, simd.low_half(v))
+    simd.store_f32x8(arr, at + 8, simd.high_half(v))
+
+
+@njit(cache=True, inline="always")
+def broadcast16(arr, at):
+    """arr[at] (contiguous float32), 16 copies -> F32x16."""
+    one = vec8.broadcast(arr, at)
+    return simd.concat(one, one)
+
+
+@njit(cache=True, inline="always")
+def zeros16():
+    zero = simd.zeros_f32x8()
+    return simd.concat(zero, zero)
+
+
+@njit(cache=True, inline="always")
+def load_half16(cache, at):
+    """16 fp16 bit patterns at cache.data[at:at+16] -> F32x16, as vec8.load_half."""
+    return simd.concat(vec8.load_half(cache, at), vec8.load_half(cache, at + 8))
+
+
+@njit(cache=True, inline="always")
+def reduce16(v):
+    """Sum of the 16 lanes in reduce_16's order (_mm512_reduce_add_ps) -> float32."""
+    return vec8.hsum(simd.add(simd.high_half(v), simd.low_half(v)))
 
 
 @njit(cache=True, inline="always")
@@ -239,13 +287,14 @@ def reduce_64_rows(acc, at, step):
 
 
 @njit(cache=True, inline="always")
-def load_span(cache, table, kv_head, start, rows, span, head_dim):
-    """cache rows of positions start..start+rows (via table) for kv_head -> span (SPAN*head_dim,) f32."""
+def load_span(cache, table, kv_head, start, rows, span, head_dim, row_stride):
+    """cache rows of positions start..start+rows (via table) for kv_head -> span f32, row o at
+    span[o * row_stride:o * row_stride + head_dim]."""
     block_size = cache.shape[1]
     b, offset = start // block_size, start % block_size
     block = table[b]
     for o in range(rows):
-        _convert_row(cache, block, offset, kv_head, span, o * head_dim, head_dim)
+        _convert_row(cache, block, offset, kv_head, span, o * row_stride, head_dim)
         offset += 1
         if offset == block_size:
             offset = 0
@@ -268,8 +317,11 @@ def load_strided(cache, table, kv_head, first, step, rows, span, head_dim):
 def _convert_row(cache, block, offset, kv_head, span, at_span, head_dim):
     """cache[block, offset, kv_head] (fp16 bits) -> span[at_span:at_span+head_dim] f32."""
     vector_end = head_dim // 8 * 8 if cache.strides[3] == 2 else 0
+    wide_end = vector_end // 16 * 16
     at = (block * cache.strides[0] + offset * cache.strides[1] + kv_head * cache.strides[2]) // 2
-    for d in range(0, vector_end, 8):
+    for d in range(0, wide_end, 16):
+        store16(span, at_span + d, load_half16(cache, at + d))
+    for d in range(wide_end, vector_end, 8):
         simd.store_f32x8(span, at_span + d, vec8.load_half(cache, at + d))
     for d in range(vector_end, head_dim):
         span[at_span + d] = half_to_float(cache[block, offset, kv_head, d])
@@ -322,76 +374,50 @@ def scores_64(span, n, queries, at_q, prompt, scale, scores, at_s):
 
 @njit(cache=True, inline="always")
 def scores_64_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
-    """scores_64 in the AVX-512 build's orders (prompt: 16 lanes, 4 steps; decode: 64 lanes, one step)."""
-    q0, q1, q2, q3 = simd.load_f32x8(queries, at_q), simd.load_f32x8(queries, at_q + 8), simd.load_f32x8(queries, at_q + 16), simd.load_f32x8(queries, at_q + 24)
-    q4, q5, q6, q7 = simd.load_f32x8(queries, at_q + 32), simd.load_f32x8(queries, at_q + 40), simd.load_f32x8(queries, at_q + 48), \
-        simd.load_f32x8(queries, at_q + 56)
+    """scores_64 in the AVX-512 build's orders on 16-lane vectors (prompt: lane i sums elements
+    i, i+16, i+32, i+48 in turn; decode: 64 lanes, one step, reduce_64), query in registers."""
+    q0, q1, q2, q3 = load16(queries, at_q), load16(queries, at_q + 16), load16(queries, at_q + 32), \
+        load16(queries, at_q + 48)
     for o in range(n):
         at = o * 64
-        k0, k1, k2, k3 = simd.load_f32x8(span, at), simd.load_f32x8(span, at + 8), simd.load_f32x8(span, at + 16), \
-            simd.load_f32x8(span, at + 24)
-        k4, k5, k6, k7 = simd.load_f32x8(span, at + 32), simd.load_f32x8(span, at + 40), \
-            simd.load_f32x8(span, at + 48), simd.load_f32x8(span, at + 56)
-        if prompt:      # ((p0 + p2) + p4) + p6, the same for the odd halves
-            low = simd.add_exact_product(k2, q2, simd.mul(k0, q0))
-            low = simd.add_exact_product(k6, q6, simd.add_exact_product(k4, q4, low))
-            high = simd.add_exact_product(k3, q3, simd.mul(k1, q1))
-            high = simd.add_exact_product(k7, q7, simd.add_exact_product(k5, q5, high))
-        else:           # reduce_64_vectors of the products
-            low = simd.add(simd.add_exact_product(k0, q0, simd.mul(k4, q4)),
-                           simd.add_exact_product(k2, q2, simd.mul(k6, q6)))
-            high = simd.add(simd.add_exact_product(k1, q1, simd.mul(k5, q5)),
-                            simd.add_exact_product(k3, q3, simd.mul(k7, q7)))
-        scores[at_s + o] = vec8.hsum(simd.add(high, low)) * scale
+        k0, k1, k2, k3 = load16(span, at), load16(span, at + 16), load16(span, at + 32), load16(span, at + 48)
+        if prompt:
+            lanes = simd.add_exact_product(k1, q1, simd.mul(k0, q0))
+            lanes = simd.add_exact_product(k3, q3, simd.add_exact_product(k2, q2, lanes))
+        else:           # (v0 + v2) + (v1 + v3), lane by lane
+            lanes = simd.add(simd.add_exact_product(k0, q0, simd.mul(k2, q2)),
+                             simd.add_exact_product(k1, q1, simd.mul(k3, q3)))
+        scores[at_s + o] = reduce16(lanes) * scale
 
 
 @njit(cache=True, inline="always")
 def scores_128_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
-    """head_dim 128, the AVX-512 build's orders (dot_prompt_wide, dot_decode_wide), query in registers."""
-    q0, q1, q2, q3 = _row(queries, at_q, 8, 0), _row(queries, at_q, 8, 1), _row(queries, at_q, 8, 2), \
-        _row(queries, at_q, 8, 3)
-    q4, q5, q6, q7 = _row(queries, at_q, 8, 4), _row(queries, at_q, 8, 5), _row(queries, at_q, 8, 6), \
-        _row(queries, at_q, 8, 7)
-    q8, q9, q10, q11 = _row(queries, at_q, 8, 8), _row(queries, at_q, 8, 9), _row(queries, at_q, 8, 10), \
-        _row(queries, at_q, 8, 11)
-    q12, q13, q14, q15 = _row(queries, at_q, 8, 12), _row(queries, at_q, 8, 13), _row(queries, at_q, 8, 14), \
-        _row(queries, at_q, 8, 15)
+    """head_dim 128, the AVX-512 build's orders (dot_prompt_wide, dot_decode_wide) on 16-lane
+    vectors, query in registers."""
+    q0, q1, q2, q3 = load16(queries, at_q), load16(queries, at_q + 16), load16(queries, at_q + 32), \
+        load16(queries, at_q + 48)
+    q4, q5, q6, q7 = load16(queries, at_q + 64), load16(queries, at_q + 80), load16(queries, at_q + 96), \
+        load16(queries, at_q + 112)
     for o in range(n):
         at = o * 128
-        if prompt:      # 16 lanes over 8 steps: even chunks low, odd chunks high
-            low = simd.mul(simd.load_f32x8(span, at), q0)
-            high = simd.mul(simd.load_f32x8(span, at + 8), q1)
-            low = _plus_key(span, at, 16, q2, low)
-            high = _plus_key(span, at, 24, q3, high)
-            low = _plus_key(span, at, 32, q4, low)
-            high = _plus_key(span, at, 40, q5, high)
-            low = _plus_key(span, at, 48, q6, low)
-            high = _plus_key(span, at, 56, q7, high)
-            low = _plus_key(span, at, 64, q8, low)
-            high = _plus_key(span, at, 72, q9, high)
-            low = _plus_key(span, at, 80, q10, low)
-            high = _plus_key(span, at, 88, q11, high)
-            low = _plus_key(span, at, 96, q12, low)
-            high = _plus_key(span, at, 104, q13, high)
-            low = _plus_key(span, at, 112, q14, low)
-            high = _plus_key(span, at, 120, q15, high)
-            scores[at_s + o] = vec8.hsum(simd.add(high, low)) * scale
-        else:           # 64 lanes over 2 steps, then reduce_64_vectors
-            c0 = _plus_key(span, at, 64, q8, simd.mul(simd.load_f32x8(span, at), q0))
-            c1 = _plus_key(span, at, 72, q9, simd.mul(simd.load_f32x8(span, at + 8), q1))
-            c2 = _plus_key(span, at, 80, q10, simd.mul(simd.load_f32x8(span, at + 16), q2))
-            c3 = _plus_key(span, at, 88, q11, simd.mul(simd.load_f32x8(span, at + 24), q3))
-            c4 = _plus_key(span, at, 96, q12, simd.mul(simd.load_f32x8(span, at + 32), q4))
-            c5 = _plus_key(span, at, 104, q13, simd.mul(simd.load_f32x8(span, at + 40), q5))
-            c6 = _plus_key(span, at, 112, q14, simd.mul(simd.load_f32x8(span, at + 48), q6))
-            c7 = _plus_key(span, at, 120, q15, simd.mul(simd.load_f32x8(span, at + 56), q7))
-            scores[at_s + o] = reduce_64_vectors(c0, c1, c2, c3, c4, c5, c6, c7) * scale
+        if prompt:      # 16 lanes over 8 steps
+            lanes = _plus_key16(span, at + 16, q1, simd.mul(load16(span, at), q0))
+            lanes = _plus_key16(span, at + 48, q3, _plus_key16(span, at + 32, q2, lanes))
+            lanes = _plus_key16(span, at + 80, q5, _plus_key16(span, at + 64, q4, lanes))
+            lanes = _plus_key16(span, at + 112, q7, _plus_key16(span, at + 96, q6, lanes))
+        else:           # 64 lanes over 2 steps, then reduce_64's (v0 + v2) + (v1 + v3)
+            v0 = _plus_key16(span, at + 64, q4, simd.mul(load16(span, at), q0))
+            v1 = _plus_key16(span, at + 80, q5, simd.mul(load16(span, at + 16), q1))
+            v2 = _plus_key16(span, at + 96, q6, simd.mul(load16(span, at + 32), q2))
+            v3 = _plus_key16(span, at + 112, q7, simd.mul(load16(span, at + 48), q3))
+            lanes = simd.add(simd.add(v0, v2), simd.add(v1, v3))
+        scores[at_s + o] = reduce16(lanes) * scale
 
 
 @njit(cache=True, inline="always")
-def _plus_key(span, at, offset, query, lanes):
-    """lanes + span[at + offset: +8] * query (fp16 values: exact products)."""
-    return simd.add_exact_product(simd.load_f32x8(span, at + offset), query, lanes)
+def _plus_key16(span, at, query, lanes):
+    """lanes + span[at:at+16] * query (fp16 values: exact products)."""
+    return simd.add_exact_product(load16(span, at), query, lanes)
 
 
 @njit(cache=True, inline="always")
@@ -481,6 +507,60 @@ def weighted_lane(values, n, head_dim, weights, at_w, step, acc, at, first):
         for r in range(n):
             total += weights[at_w + r * step] * values[r * head_dim + d]
         acc[at + d] = total
+
+
+@njit(cache=True, inline="always")
+def lane_sums_wide(values, n, head_dim, row_stride, weights, at_w, result):
+    """A 64-lane decode-order P . V over value rows [0, n) (row r at values[r * row_stride:], in
+    lane r % 64, in row order),
+    reduced by reduce_64 -> result[:head_dim]; 16 output elements at a time with 8 of the lanes in
+    registers at once (head_dim a multiple of 16; result[head_dim:head_dim + 128] scratch)."""
+    full = n // 64 * 64
+    for d in range(0, head_dim, 16):
+        for j in range(8):             # lanes j, j+8, ..., j+56
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros16()
+            for r in range(j, full, 64):       # every lane has a row here
+                a0, a1 = _plus_row(values, row_stride, d, weights, at_w, r, a0), \
+                    _plus_row(values, row_stride, d, weights, at_w, r + 8, a1)
+                a2, a3 = _plus_row(values, row_stride, d, weights, at_w, r + 16, a2), \
+                    _plus_row(values, row_stride, d, weights, at_w, r + 24, a3)
+                a4, a5 = _plus_row(values, row_stride, d, weights, at_w, r + 32, a4), \
+                    _plus_row(values, row_stride, d, weights, at_w, r + 40, a5)
+                a6, a7 = _plus_row(values, row_stride, d, weights, at_w, r + 48, a6), \
+                    _plus_row(values, row_stride, d, weights, at_w, r + 56, a7)
+            r = full + j                       # the last rows reach only the first n % 64 lanes
+            if r < n:
+                a0 = _plus_row(values, row_stride, d, weights, at_w, r, a0)
+            if r + 8 < n:
+                a1 = _plus_row(values, row_stride, d, weights, at_w, r + 8, a1)
+            if r + 16 < n:
+                a2 = _plus_row(values, row_stride, d, weights, at_w, r + 16, a2)
+            if r + 24 < n:
+                a3 = _plus_row(values, row_stride, d, weights, at_w, r + 24, a3)
+            if r + 32 < n:
+                a4 = _plus_row(values, row_stride, d, weights, at_w, r + 32, a4)
+            if r + 40 < n:
+                a5 = _plus_row(values, row_stride, d, weights, at_w, r + 40, a5)
+            if r + 48 < n:
+                a6 = _plus_row(values, row_stride, d, weights, at_w, r + 48, a6)
+            if r + 56 < n:
+                a7 = _plus_row(values, row_stride, d, weights, at_w, r + 56, a7)
+            # reduce_64's lanes j+8 and j of its 16: ((j+8) + (j+40)) + ((j+24) + (j+56)) plus j's
+            store16(result, head_dim + 16 * j, simd.add(simd.add(simd.add(a1, a5), simd.add(a3, a7)),
+                                                        simd.add(simd.add(a0, a4), simd.add(a2, a6))))
+        # reduce_16's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)), element-wise
+        b0, b1, b2, b3 = load16(result, head_dim), load16(result, head_dim + 16), \
+            load16(result, head_dim + 32), load16(result, head_dim + 48)
+        b4, b5, b6, b7 = load16(result, head_dim + 64), load16(result, head_dim + 80), \
+            load16(result, head_dim + 96), load16(result, head_dim + 112)
+        store16(result, d, simd.add(simd.add(simd.add(b4, b0), simd.add(b6, b2)),
+                                    simd.add(simd.add(b5, b1), simd.add(b7, b3))))
+
+
+@njit(cache=True, inline="always")
+def _plus_row(values, row_stride, d, weights, at_w, r, lane):
+    """lane + weights[at_w + r] * values row r, elements d..d+15 (fp16 values: the product is exact)."""
+    return simd.add_exact_product(broadcast16(weights, at_w + r), load16(values, r * row_stride + d), lane)
 
 
 @njit(cache=True, inline="always")

@@ -182,8 +182,8 @@ def _batch(rng, heads, kv_heads, head_dim, block_size, runs, prompt):
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 @pytest.mark.parametrize("head_dim", [64, 48, 20, 80, 128])
 @pytest.mark.parametrize("runs", [[(1, 1)], [(17, 1), (130, 1)], [(33, 1), (80, 11)], [(15, 15), (130, 9), (64, 2)],
-                                  [(1100, 1), (1030, 2)]],
-                         ids=["one", "decode", "mixed", "prompts", "long"])
+                                  [(1100, 1), (1030, 2)], [(256, 1), (257, 1), (240, 1)]],
+                         ids=["one", "decode", "mixed", "prompts", "long", "value-rows"])
 def test_paged_attention_avx512_is_bit_equal_to_its_scalar_statement(runs, head_dim, parallel):
     rng = np.random.default_rng(head_dim + len(runs))
     scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))
