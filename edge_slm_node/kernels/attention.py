@@ -41,8 +41,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd, vec8
-from .attention_math import (DECODE_LANES, LANE_ROWS, MIN_ROWS_BY_LANE, PREFETCH_SPANS, PROMPT_LANES, SPAN,
-                             VALUE_PAD, VALUE_ROWS, WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows,
+from .attention_math import (DECODE_LANES, LANE_ROWS, LANE_SUMS_SCRATCH, MIN_ROWS_BY_LANE, PREFETCH_SPANS,
+                             PROMPT_LANES, SPAN, VALUE_PAD, VALUE_ROWS, WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows,
                              lane_sums_wide, load_span, load_strided, prefetch_rows, reduce_16, reduce_16_rows,
                              reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64, scores_64_wide,
                              scores_128_wide, scores_any, weighted_lane, weighted_rows, weighted_rows_streamed)
@@ -61,7 +61,8 @@ def _work_size(group, head_dim, max_context):
     width = (max_context + 15) // 16 * 16
     chunk = max(PROMPT_CHUNK, DECODE_CHUNK)
     return chunk * group * (head_dim + width) + PROMPT_CHUNK * WIDE_PROMPT_LANES * group * head_dim \
-        + max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD)) + max(head_dim, WIDE_DECODE_LANES) + 128
+        + max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD)) + max(head_dim, WIDE_DECODE_LANES) \
+        + LANE_SUMS_SCRATCH
 
 
 @njit(cache=True, inline="always")
@@ -82,6 +83,7 @@ def _attend(q, k_cache, v_cache, table, first_token, count, token_context, kv_he
     """Queries first_token..+count (one sequence, one order) x one kv_head -> out; q rounded in place.
     work: float32 scratch of _work_size elements; avx512: the AVX-512 build's orders; window > 0:
     a query at context c sees only positions [c - window, c)."""
+    simd.align_stack_frame()
     if q.shape[2] == 64:             # a literal: the inlined copy has constant offsets
         _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, kv_head, prompt, scale, out,
                      work, 64, avx512, window)
@@ -124,7 +126,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     span_size = max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD))
     span = work[end:end + span_size]
     end += span_size
-    result = work[end:end + max(head_dim, WIDE_DECODE_LANES) + 128]
+    result = work[end:end + max(head_dim, WIDE_DECODE_LANES) + LANE_SUMS_SCRATCH]
     # P . V: 64 lanes in registers, or by weighted_rows_streamed or by lane (acc cleared there)
     in_registers = avx512 and not pv_prompt and head_dim % 16 == 0 and max_context - base <= VALUE_ROWS
     streamed = num_lanes >= DECODE_LANES

@@ -29,6 +29,8 @@ VALUE_ROWS = 256
 # ... stored VALUE_PAD floats apart beyond head_dim: at a power-of-two stride the rows that one
 # pass reads (8 rows apart) fall into the same few L1 sets and evict each other
 VALUE_PAD = 16
+# lane_sums_wide's scratch after its result: 16 output elements of each of its 8 lane groups
+LANE_SUMS_SCRATCH = 8 * 16
 
 
 @njit(cache=True, inline="always")
@@ -94,6 +96,7 @@ def broadcast16(arr, at):
 
 @njit(cache=True, inline="always")
 def zeros16():
+    """16 float32 zeros (F32x16)."""
     zero = simd.zeros_f32x8()
     return simd.concat(zero, zero)
 
@@ -512,9 +515,9 @@ def weighted_lane(values, n, head_dim, weights, at_w, step, acc, at, first):
 @njit(cache=True, inline="always")
 def lane_sums_wide(values, n, head_dim, row_stride, weights, at_w, result):
     """A 64-lane decode-order P . V over value rows [0, n) (row r at values[r * row_stride:], in
-    lane r % 64, in row order),
-    reduced by reduce_64 -> result[:head_dim]; 16 output elements at a time with 8 of the lanes in
-    registers at once (head_dim a multiple of 16; result[head_dim:head_dim + 128] scratch)."""
+    lane r % 64, in row order), reduced by reduce_64 -> result[:head_dim]; 16 output elements at a
+    time with 8 of the lanes in registers at once (head_dim a multiple of 16; result[head_dim:
+    head_dim + LANE_SUMS_SCRATCH] scratch)."""
     full = n // 64 * 64
     for d in range(0, head_dim, 16):
         for j in range(8):             # lanes j, j+8, ..., j+56

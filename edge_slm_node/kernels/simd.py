@@ -92,6 +92,30 @@ def _x86_call(builder, name, result_type, args):
     return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, name), args)
 
 
+# ------------------------------------------------------------------------- stack frames
+
+STACK_ALIGNMENT = 64     # one cache line: a 64-byte register spilled there never spans two
+
+
+@intrinsic
+def align_stack_frame(typingctx):
+    """Give the compiled function this is called in (after numba's inlining) a stack frame
+    aligned to STACK_ALIGNMENT bytes.
+
+    Why: LLVM keeps the x86 ABI's 16-byte stack alignment, so a loop that spills 64-byte
+    registers (the 4-token tiles) stores and reloads them 16, 32 or 48 bytes off a cache line
+    whenever the caller's stack happens to sit there: each reload then spans two lines and is
+    not forwarded from its store. Which depth a call lands at depends on the calling thread and
+    its stack (the address-space layout), so the same kernel ran 3.2x slower in some processes
+    and threads than in others (README, "Stack alignment"); alignstack makes every call aligned."""
+    def codegen(context, builder, sig, args):
+        attributes = builder.function.attributes
+        attributes.alignstack = STACK_ALIGNMENT
+        attributes.add("uwtable")    # llvmlite prints no attributes, alignstack included, for an empty set
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
 # ------------------------------------------------------------ float vectors, loads and stores
 
 @intrinsic

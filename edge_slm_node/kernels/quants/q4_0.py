@@ -12,7 +12,8 @@ import numpy as np
 from numba import njit
 
 from ..quantize import quantize_rows_q8
-from ..simd import add, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
+from ..simd import (add, align_stack_frame, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
+                    zeros_f32x8)
 from ..simd_int import load_i8x32
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, repack, rows_of, run_parallel, run_serial
 from .lanes import PREFETCH_BYTES, nibble_dot, prefetch_lines, scale_at
@@ -95,6 +96,7 @@ def _group_one(w, xq, xsum, xd, out, t, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    align_stack_frame()
     xq, xsum, xd = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4

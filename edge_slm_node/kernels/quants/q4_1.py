@@ -17,7 +17,7 @@ step of 4+ sessions) share each chunk's load and unpacking, every token's lanes 
 import numpy as np
 from numba import njit
 
-from ..simd import add, fma, store_f32x8, zeros_f32x8
+from ..simd import add, align_stack_frame, fma, store_f32x8, zeros_f32x8
 from ..simd_int import high_nibbles, load_i8x64, low_nibbles
 from .common import (MATMUL_SIGNATURE, dequantize_halves, locate, nibbles, quantize_with_sums, repack, run_parallel,
                      run_serial)
@@ -73,6 +73,7 @@ def _group_one(w, xq, xd, xs, out, t, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    align_stack_frame()
     xq, xd, xs = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4

@@ -26,8 +26,8 @@ AVX512-VNNI both tiles take a pair of row groups (16 rows, row_pairs.py) at once
 import numpy as np
 from numba import njit
 
-from ..simd import (add, concat, fma, high_half, load_halves_as_f32, low_half, mul, splat_f32, splat_i32,
-                    store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
+from ..simd import (add, align_stack_frame, concat, fma, high_half, load_halves_as_f32, low_half, mul, splat_f32,
+                    splat_i32, store_f32x8, to_f32, zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot4_acc, dot4_high_nibbles_acc, dot_halves_i16, load_i8x32,
                         load_i8x64, low_nibbles, mul_i32, shift_left, shift_right_signed, spread_word_pair,
                         wide_dot4_available)
@@ -136,6 +136,7 @@ def _min_sum(rows, min_pairs, sums, at):
 @njit(cache=True)
 def _group_one(w, xq, xd, bsums, out, t, col):
     """8 rows (packed Q4_K group w) x token t -> out[t, col:col+8], the gemv's order."""
+    align_stack_frame()
     acc = acc_min = zeros_f32x8()
     x, sums = xq[t], bsums[t]
     for b in range(xd.shape[1]):
@@ -182,6 +183,7 @@ def _tile_token(rows, low, high16, scale0, scale1, min_pairs, sums, at, dd, dmin
 def _group_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     """A packed Q4_K group, or a pair of them (row_pairs), x tokens t0, t1, t2, t3 (a gemm tile,
     repeats allowed) -> dest, the gemm's order; the weights are unpacked once for the 4 tokens."""
+    align_stack_frame()
     a0 = a1 = a2 = a3 = m0 = m1 = m2 = m3 = like_rows(zeros_f32x8(), rows)
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
     s0, s1, s2, s3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
@@ -295,6 +297,7 @@ def _any_gemm_token(call_index, call_length):
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
     With 16-lane VNNI the 4-token tiles (gemm and gemv orders) take two groups at once."""
+    align_stack_frame()
     xq, xd, bsums, call_index, call_length = acts
     pairs = wide_dot4_available()
     gemm = _any_gemm_token(call_index, call_length)

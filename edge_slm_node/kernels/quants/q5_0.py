@@ -15,7 +15,7 @@ the same integer as its signed bytes' dot).
 import numpy as np
 from numba import njit
 
-from ..simd import fma, load_halves_as_f32, store_f32x8
+from ..simd import align_stack_frame, fma, load_halves_as_f32, store_f32x8
 from .bits5 import fifth_bit, five_bit_values, five_bit_vectors, repack5
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, quantize_with_offsets, run_parallel, run_serial
 from .lanes import (PREFETCH_BYTES, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile, tile_column,
@@ -71,6 +71,7 @@ def _group_one(w, xq, offsets, xd, out, t, col):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
+    align_stack_frame()
     xq, offsets, xd = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4

@@ -13,7 +13,7 @@ every kernel here follows (bit-equal), the same as Q4_1's (kernels/quants/q4_1.p
 import numpy as np
 from numba import njit
 
-from ..simd import add, fma, store_f32x8, zeros_f32x8
+from ..simd import add, align_stack_frame, fma, store_f32x8, zeros_f32x8
 from .bits5 import fifth_bit, five_bit_values, five_bit_vectors, repack5
 from .common import MATMUL_SIGNATURE, dequantize_halves, locate, quantize_with_sums, run_parallel, run_serial
 from .lanes import (PREFETCH_BYTES, block_with_min, lane_sum, no_wide_lanes, prefetch_lines, scale_at, store_tile,
@@ -65,6 +65,7 @@ def _group_one(w, xq, xd, xs, out, t, col):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
+    align_stack_frame()
     xq, xd, xs = acts
     full_tiles = xd.shape[0] // 4 * 4
     for i in range(first, last):

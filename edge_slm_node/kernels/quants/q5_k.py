@@ -19,7 +19,7 @@ kernels/quants/common.py), not by what else shares the kernel call.
 import numpy as np
 from numba import njit
 
-from ..simd import add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
+from ..simd import add, align_stack_frame, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, low_nibbles, mul_i32)
 from ..vec8 import sub
@@ -101,6 +101,7 @@ def _scale_pairs(w, base, sums, b, s):
 @njit(cache=True)
 def _group_one(w, xq, xd, bsums, out, t, col):
     """8 rows (packed Q5_K group w) x token t -> out[t, col:col+8]."""
+    align_stack_frame()
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = summs = zeros_f32x8()
     x, sums = xq[t], bsums[t]
     for b in range(xd.shape[1]):
@@ -132,6 +133,7 @@ def _group_one(w, xq, xd, bsums, out, t, col):
 def _group_tiled(w, xq, xd, bsums, out, t, col):
     """8 rows (packed Q5_K group w) x token t of a call with >= 8 tokens -> out[t, col:col+8], the
     tiled matmul's order."""
+    align_stack_frame()
     acc = zeros_f32x8()
     x, sums = xq[t], bsums[t]
     for b in range(xd.shape[1]):
@@ -162,6 +164,7 @@ def _group_tiled(w, xq, xd, bsums, out, t, col):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
+    align_stack_frame()
     xq, xd, bsums, _, call_length = acts
     for i in range(first, last):
         part, col = locate(part_ends, i)

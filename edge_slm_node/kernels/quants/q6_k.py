@@ -26,8 +26,8 @@ multiply-unit ops than pmaddubsw + pmaddwd per vector, the same integers S_l.
 import numpy as np
 from numba import njit
 
-from ..simd import (add, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32,
-                    zeros_f32x8, zeros_i32x8)
+from ..simd import (add, align_stack_frame, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8,
+                    to_f32, zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_acc, dot_halves_i16, high_nibbles,
                         low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int,
                         wide_dot4_available)
@@ -167,6 +167,7 @@ def _negated_sum_pairs(bsums, call_length, pairs):
 @njit(cache=True)
 def _group_one(w, xq, xd, sum_pairs, out, t, col):
     """8 rows (packed Q6_K group w) x token t -> out[t, col:col+8]; sum_pairs: _negated_sum_pairs."""
+    align_stack_frame()
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_f32x8()
     x, sums = xq[t], sum_pairs[t]
     for b in range(xd.shape[1]):
@@ -302,6 +303,7 @@ def _group_tiled4(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     """A packed Q6_K group, or a pair of them (row_pairs), x tokens t0, t1, t2, t3 of calls with >= 8
     tokens -> dest, the tiled matmul's order: per super-block the exact integer S (any order
     gives it) as 16-weight dots by vpdpbusd, summed 4 lanes at a time before their scale."""
+    align_stack_frame()
     a0 = a1 = a2 = a3 = like_rows(zeros_f32x8(), rows)
     x0, x1, x2, x3 = xq[t0], xq[t1], xq[t2], xq[t3]
     for b in range(xd.shape[1]):
@@ -380,6 +382,7 @@ def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token).
     Where the CPU has AVX512-VNNI and BW (wide_dot4_available) the 4-token tiles (tiled and vec_dot
     orders) take two groups at once."""
+    align_stack_frame()
     xq, xd, bsums, _, call_length = acts
     pairs = wide_dot4_available()
     tiled = _any_tiled_token(call_length)

@@ -13,7 +13,7 @@ each chunk's load, every token's lanes in registers.
 import numpy as np
 from numba import njit
 
-from ..simd import fma, load_halves_as_f32, store_f32x8
+from ..simd import align_stack_frame, fma, load_halves_as_f32, store_f32x8
 from ..simd_int import load_i8x64, toggle_bits
 from .common import (MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, quantize_with_offsets, repack,
                      run_parallel, run_serial)
@@ -95,6 +95,7 @@ def _group_one(w, xq, offsets, xd, out, t, col):
 
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
+    align_stack_frame()
     xq, offsets, xd = acts
     num_tokens = xd.shape[0]
     full_tiles = num_tokens // 4 * 4
