@@ -393,7 +393,6 @@ def test_vector_code_without_avx512_is_bit_equal(cpu):
     assert result.returncode == 0 and "generic ok" in result.stdout, result.stderr[-3000:]
 
 
-
 @njit
 def _with_aligned_frame(x):
     align_stack_frame()

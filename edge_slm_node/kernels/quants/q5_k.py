@@ -19,7 +19,8 @@ kernels/quants/common.py), not by what else shares the kernel call.
 import numpy as np
 from numba import njit
 
-from ..simd import add, align_stack_frame, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8, to_f32, zeros_f32x8
+from ..simd import (add, align_stack_frame, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8,
+                    to_f32, zeros_f32x8)
 from ..simd_int import (bits_or, broadcast_i8x4, dot_pairs_i16, dot_pairs_u8_i8, high_nibbles, i16_pairs,
                         load_i8x32, low_nibbles, mul_i32)
 from ..vec8 import sub
