@@ -4,10 +4,11 @@
 
 A numba loop sums an int64 buffer (each thread streams its own contiguous half); the figure is
 bytes / seconds of one pass, median of --passes passes after one warm-up pass. The default buffer
-(1 GiB) is much larger than the caches this VM reports (L2 2 x 2 MiB, L3 300 MiB), so it measures
-memory. --mb may be given several times. With --model, a second buffer the size of the weights one
-decode step reads (weight_bytes_per_token below) is measured too: a model that small may decode
-out of the (shared, host-wide) L3 instead of memory.
+(1 GiB) is much larger than the caches of the hosts met so far (L2 1-2 MiB a core, L3 32-300
+MiB; the output names this machine's, from /sys), so it measures memory. --mb may be given several
+times. With --model, a second buffer the size of the weights one decode step reads
+(weight_bytes_per_token below) is measured too: a model that small may decode out of the (shared,
+host-wide) L3 instead of memory.
 bench_speed.py runs this file in a fresh process and divides decode tokens/s by
 (bandwidth / bytes of weights read per token).
 """
@@ -20,7 +21,25 @@ import time
 
 import numpy as np
 
-CACHE_BYTES_NOTE = "L2 2 x 2 MiB, L3 300 MiB (lscpu)"
+CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def _cache_field(entry: str, name: str) -> str:
+    with open(os.path.join(CACHE_DIR, entry, name)) as f:
+        return f.read().strip()
+
+
+def cache_sizes() -> str:
+    """This CPU's data and unified caches as the kernel reports them, e.g. "L1 32K, L2 1024K, L3 32768K"
+    (one instance each, as /sys lists them: a core's L1 and L2, the L3 its cores share)."""
+    found = {}
+    try:
+        for entry in sorted(os.listdir(CACHE_DIR)):
+            if entry.startswith("index") and _cache_field(entry, "type") in ("Data", "Unified"):
+                found[int(_cache_field(entry, "level"))] = _cache_field(entry, "size")
+    except OSError:
+        return "unknown"
+    return ", ".join(f"L{level} {size}" for level, size in sorted(found.items())) or "unknown"
 
 
 def weight_bytes_per_token(model_path: str) -> dict:
@@ -95,9 +114,9 @@ def main():
     results = [measure(mb, int(t), args.passes) for mb in sizes for t in args.threads.split(",")]
     if args.json:
         print(json.dumps({"results": results, "weights": weights, "cpu_count": os.cpu_count(),
-                          "loadavg": os.getloadavg()}))
+                          "caches": cache_sizes(), "loadavg": os.getloadavg()}))
         return
-    print(f"read bandwidth, median of {args.passes} passes (caches: {CACHE_BYTES_NOTE}); "
+    print(f"read bandwidth, median of {args.passes} passes (caches: {cache_sizes()}); "
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for r in results:
         print(f"  {r['mb']:8.1f} MiB  {r['threads']} thread(s)  {r['gb_per_s']:6.1f} GB/s  "

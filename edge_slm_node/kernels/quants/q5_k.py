@@ -165,7 +165,6 @@ def _group_tiled(w, xq, xd, bsums, out, t, col):
 @njit(cache=True)
 def _groups(first, last, packed, acts, outs, part_ends):
     """Row groups first..last-1 of packed x the activations -> their columns of outs (every token)."""
-    align_stack_frame()
     xq, xd, bsums, _, call_length = acts
     for i in range(first, last):
         part, col = locate(part_ends, i)
