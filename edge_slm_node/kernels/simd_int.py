@@ -106,13 +106,26 @@ def low_nibbles(typingctx, v):
 
 @intrinsic
 def high_nibbles(typingctx, v):
-    """byte >> 4 (unsigned) for each byte of an I8x32 or I8x64."""
+    """byte >> 4 (unsigned) for each byte of an I8x32 or I8x64 (_byte_shift)."""
     if not (isinstance(v, Vector) and v.kind == "i8"):
         return None
 
     def codegen(context, builder, sig, args):
-        return builder.lshr(args[0], _const("i8", sig.args[0].count, 4))
+        return _byte_shift(builder, "lshr", args[0], _const("i8", sig.args[0].count, 4))
     return v(v), codegen
+
+
+def _byte_shift(builder, op, v, counts):
+    """Every byte of an i8 vector shifted ("shl" or "lshr") by counts (an i8 vector of one value,
+    0..7), as a shift of 16-bit words and a mask of the bits that crossed from the neighbouring byte:
+    LLVM lowers a byte shift to vgf2p8affineqb on CPUs with GFNI, which on Zen 4 takes the
+    pipe of vpdpbusd, while word shifts and masks run beside it."""
+    count = v.type.count
+    words = builder.bitcast(v, _vec("i16", count // 2))
+    word_counts = builder.zext(builder.extract_element(counts, ir.Constant(_I32, 0)), ir.IntType(16))
+    shifted = getattr(builder, op)(words, _splat(builder, word_counts, _vec("i16", count // 2)))
+    kept = getattr(builder, op)(_const("i8", count, 0xFF), counts)
+    return builder.and_(builder.bitcast(shifted, _vec("i8", count)), kept)
 
 
 @intrinsic
@@ -246,7 +259,10 @@ def _by_scalar(op, doc):
             return None
 
         def codegen(context, builder, sig, args):
-            return getattr(builder, op)(args[0], _splat_int(context, builder, args[1], sig.args[1], sig.args[0]))
+            scalars = _splat_int(context, builder, args[1], sig.args[1], sig.args[0])
+            if op in ("shl", "lshr") and sig.args[0].kind == "i8":
+                return _byte_shift(builder, op, args[0], scalars)
+            return getattr(builder, op)(args[0], scalars)
         return v(v, n), codegen
     fn.__doc__ = doc
     return fn
@@ -254,8 +270,30 @@ def _by_scalar(op, doc):
 
 mask_bits = _by_scalar("and_", "v & n, n splatted to every lane.")
 toggle_bits = _by_scalar("xor", "v ^ n, n splatted to every lane.")
-shift_right = _by_scalar("lshr", "v >> n (logical: zeros shifted in), every lane by the same count.")
-shift_left = _by_scalar("shl", "v << n, every lane by the same count.")
+shift_right = _by_scalar("lshr", "v >> n (logical: zeros shifted in), every lane by the same count (bytes: 0..7).")
+shift_left = _by_scalar("shl", "v << n, every lane by the same count (bytes: 0..7).")
+
+
+@intrinsic
+def join_halves(typingctx, low, high):
+    """I32x8 or I32x16 -> per lane (low & 0xFFFF) | (high << 16): the low int16 of a lane of `low`
+    and of `high` as one lane's two halves (dot_halves_i16's operand). 16 lanes with AVX-512: by
+    vpslld and vpternlogd, since LLVM folds shift, mask and or into one vpermt2w, which on Zen 4
+    competes with vpdpbusd for its pipe."""
+    if not (isinstance(low, Vector) and low.kind == "i32" and low.count in (8, 16) and low == high):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lanes = sig.args[0].count
+        if lanes == 16 and _has_features(context, "avx512f"):
+            shifted = _x86_call(builder, "llvm.x86.avx512.pslli.d.512", _vec("i32", 16),
+                                [args[1], ir.Constant(_I32, 16)])
+            # vpternlogd imm 0xF8: a | (b & c) of its operands (a, b, c), here shifted | (low & 0xFFFF)
+            return _x86_call(builder, "llvm.x86.avx512.pternlog.d.512", _vec("i32", 16),
+                             [shifted, args[0], _const("i32", 16, 0xFFFF), ir.Constant(_I32, 0xF8)])
+        return builder.or_(builder.and_(args[0], _const("i32", lanes, 0xFFFF)),
+                           builder.shl(args[1], _const("i32", lanes, 16)))
+    return low(low, high), codegen
 
 
 def _load_8_bytes(signed: bool, doc: str):

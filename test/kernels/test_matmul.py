@@ -22,7 +22,7 @@ from edge_slm_node.kernels.half import HALF_TO_FLOAT
 from edge_slm_node.kernels.ops import fma_f32
 from edge_slm_node.kernels.quantize import quantize_rows_q8, scaled_group_sums
 from edge_slm_node.kernels.simd import EXACT_BIAS, STACK_ALIGNMENT, align_stack_frame
-from edge_slm_node.kernels.quants import F16, F32, Q4_0, Q4_1, Q8_0, q4_0, q4_1, q8_0
+from edge_slm_node.kernels.quants import F16, F32, Q4_0, Q4_1, Q8_0, q4_0, q4_1, q6_k, q8_0
 from edge_slm_node.kernels.quants.common import ROWS_PER_GROUP, new_scratch
 from edge_slm_node.model.linear import FusedLinear, Linear, release_file_pages
 
@@ -401,11 +401,11 @@ def _with_aligned_frame(x):
     return x + 1.0
 
 
-def _fresh_groups_code(module, block_bytes, acts):
-    """module._groups compiled anew (the cached one keeps no IR) for 2 row groups of 2 blocks."""
+def _fresh_groups_code(module, block_bytes, acts, blocks=2):
+    """module._groups compiled anew (the cached one keeps no IR) for 2 row groups of `blocks` blocks."""
     fresh = njit(module._groups.py_func)
     outs = (np.zeros((4, 16), np.float32),) * 3
-    fresh(0, 2, np.zeros((2, 2 * block_bytes), np.uint8), acts, outs, np.array([2], np.int64))
+    fresh(0, 2, np.zeros((2, blocks * block_bytes), np.uint8), acts, outs, np.array([2], np.int64))
     return "\n".join(fresh.inspect_llvm().values()), "\n".join(fresh.inspect_asm().values())
 
 
@@ -454,3 +454,20 @@ def test_tile_loops_keep_their_registers():
         assert len(tiles) == 1, (module.__name__, len(tiles))
         spills = [i for i in tiles[0] if "zmm" in i and "(%rsp)" in i]
         assert spills == [], (module.__name__, spills)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64")
+                    or not llvm_binding.get_host_cpu_features().get("avx512vnni", False),
+                    reason="the Q6_K decode tile takes a pair of row groups only with AVX-512 VNNI")
+def test_q6_k_decode_tile_keeps_the_multiply_pipe_for_multiplies():
+    """The Q6_K 4-token decode tile (the 1.5B's output head and FFN down) joins its int16 dot
+    pairs by shift and ternlog, and unpacks its 6-bit values by word shifts and masks: LLVM would
+    otherwise emit vpermt2w and vgf2p8affineqb, which on Zen 4 share the pipe of vpdpbusd (a lane of
+    4 tokens x 16 rows took 82 of that pipe's cycles instead of 56; simd_int.join_halves, _byte_shift)."""
+    acts = (np.zeros((4, 256), np.int8), np.zeros((4, 1), np.float32), np.zeros((4, 16), np.int32),
+            np.zeros(4, np.int32), np.zeros(4, np.int32))       # call lengths 0: every token alone
+    _, asm = _fresh_groups_code(q6_k, q6_k.GROUP_BLOCK_BYTES, acts, blocks=1)
+    tiles = [body for body in _loop_bodies(asm) if sum("vpdpbusd" in i and "zmm" in i for i in body) == 32]
+    assert tiles, "no loop of 32 vpdpbusd (a lane of the 4-token pair tile)"
+    shuffles = [i for body in tiles for i in body if i.startswith(("vpermt2w", "vpermi2w", "vgf2p8affineqb"))]
+    assert shuffles == []

@@ -29,7 +29,7 @@ from numba import njit
 from ..simd import (add, align_stack_frame, fma, load_halves_as_f32, mul, splat_f32, splat_i32, store_f32x8,
                     to_f32, zeros_f32x8, zeros_i32x8)
 from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_halves_acc, dot_halves_i16, high_nibbles,
-                        low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int,
+                        join_halves, low_nibbles, mask_bits, mul_i32, shift_left, shift_right, sub_int,
                         wide_dot4_available)
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
@@ -115,14 +115,13 @@ def _paired_dots(rows, v, w, x, x_at):
     zero = like_rows(zeros_i32x8(), rows)
     low = dot4_acc(zero, v, like_rows(broadcast_i8x4(x, x_at), rows))
     high = dot4_acc(zero, w, like_rows(broadcast_i8x4(x, x_at + 32), rows))
-    return bits_or(mask_bits(low, 0xFFFF), shift_left(high, 16))
+    return join_halves(low, high)
 
 
 @njit(cache=True, inline="always")
 def _scale_halves(rows, base, m, n):
     """sc[m] and sc[n] of 8 rows (16 for a pair of groups) as the low and high int16 of each lane."""
-    return bits_or(mask_bits(rows_i8x8_as_i32(rows, base + _SCALES + 8 * m), 0xFFFF),
-                   shift_left(rows_i8x8_as_i32(rows, base + _SCALES + 8 * n), 16))
+    return join_halves(rows_i8x8_as_i32(rows, base + _SCALES + 8 * m), rows_i8x8_as_i32(rows, base + _SCALES + 8 * n))
 
 
 @njit(cache=True, inline="always")
@@ -148,8 +147,7 @@ def _scale_pair(rows, base, lane):
     """32 * sc[2 lane] and 32 * sc[2 lane + 1] of 8 rows (16 for a pair of groups) as the low and
     high int16 of each lane (|32 * sc| <= 4096)."""
     at = base + _SCALES + 16 * lane
-    return bits_or(mask_bits(shift_left(rows_i8x8_as_i32(rows, at), 5), 0xFFFF),
-                   shift_left(rows_i8x8_as_i32(rows, at + 8), 21))
+    return join_halves(shift_left(rows_i8x8_as_i32(rows, at), 5), shift_left(rows_i8x8_as_i32(rows, at + 8), 5))
 
 
 @njit(cache=True)
