@@ -14,6 +14,11 @@ layout for comparison. --baseline REV adds kernels/attention.py as of git revisi
 AVX-512 build's summation orders (what the engine uses on such CPUs) for "new" and "baseline";
 "old" has only the AVX2 ones. Before 443363d, paged_attention() let numba dispatch its omitted
 arguments, ~90 us a serial call: a baseline older than that is not comparable.
+
+The last rows time what a team member's attention costs in a 4-session decode step: one njit
+loop over every layer of 4 sequences (one token each, contexts ~CONTEXT), serial, after a 48 MiB
+sweep that evicts the KV as a step's weight traffic does ("cold"), and again without it
+("warm"); CPU time of one whole pass, divided by layers x sessions.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import time
 
 import numba
 import numpy as np
+from numba import njit
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
@@ -54,6 +60,53 @@ def make_case(rng, num_tokens, last_context, prompt_order, num_blocks):
                 slots=(table[0, (context - 1) // BLOCK] * BLOCK + (context - 1) % BLOCK).astype(np.int32),
                 k=rng.standard_normal((num_tokens, KV_HEADS, HEAD_DIM)).astype(np.float32),
                 v=rng.standard_normal((num_tokens, KV_HEADS, HEAD_DIM)).astype(np.float32))
+
+
+STEP_SESSIONS, STEP_CONTEXT, STEP_BLOCKS_EACH = 4, 128, 16
+
+
+def step_pass(module):
+    """An njit loop: one decode token of each of STEP_SESSIONS sequences through every layer's
+    attention, on the calling thread (module: kernels.attention of the tree timed)."""
+    serial = module.paged_attention_serial
+
+    @njit(nogil=True)
+    def run(q, arena, tables, seq, context, order, scale, out, work):
+        for layer in range(arena.shape[0]):
+            serial(q, arena[layer, 0], arena[layer, 1], tables, seq, context, order, scale, out, work, True, 0, 1)
+    return run
+
+
+def step_rows(rng, modules, rounds):
+    """-> [(label, {variant: median us per layer and session})] for the 4-session decode step."""
+    blocks = STEP_SESSIONS * STEP_BLOCKS_EACH
+    arena = (rng.standard_normal((LAYERS, 2, blocks, KV_HEADS, BLOCK, HEAD_DIM)).astype(np.float16)
+             .view(np.uint16).transpose(0, 1, 2, 4, 3, 5))
+    tables = rng.permutation(blocks).astype(np.int32).reshape(STEP_SESSIONS, STEP_BLOCKS_EACH)
+    context = (STEP_CONTEXT + np.array([-7, 3, -2, 6]))[:STEP_SESSIONS].astype(np.int32)
+    q0 = rng.standard_normal((STEP_SESSIONS, HEADS, HEAD_DIM)).astype(np.float32)
+    args = (tables, np.arange(STEP_SESSIONS, dtype=np.int32), context, np.zeros(STEP_SESSIONS, np.uint8),
+            np.float32(1.0) / np.sqrt(np.float32(HEAD_DIM)), np.zeros_like(q0))
+    sweep = np.zeros(48 << 20, np.uint8)
+    runs = {name: (step_pass(module), module.attention_work(HEADS, KV_HEADS, HEAD_DIM, 1024))
+            for name, module in modules.items()}
+    q = q0.copy()
+    for run, work in runs.values():                                # compile
+        run(q, arena, *args, work)
+    rows = []
+    for label, cold in ((f"decode step: 4 sessions, context ~{STEP_CONTEXT}, cold", True),
+                        (f"decode step: 4 sessions, context ~{STEP_CONTEXT}, warm", False)):
+        samples = {name: [] for name in runs}
+        for _ in range(rounds * 10):
+            for name, (run, work) in runs.items():
+                if cold:
+                    sweep += 1
+                q[:] = q0
+                start = time.thread_time_ns()
+                run(q, arena, *args, work)
+                samples[name].append((time.thread_time_ns() - start) / 1000 / (LAYERS * STEP_SESSIONS))
+        rows.append((label, {name: statistics.median(values) for name, values in samples.items()}))
+    return rows
 
 
 def main():
@@ -150,6 +203,13 @@ def main():
                 cells.append(f"{'':>22s}")
         best_new = medians.get("new auto", medians.get("new"))
         print(f"{label:40s}" + "".join(cells) + f"{medians['old'] / best_new:9.1f}x")
+    modules = {"new serial": attention}
+    if baseline is not None:
+        modules["baseline serial"] = baseline
+    print(f"\nmedian us per layer and session, CPU time, {args.rounds * 10} passes interleaved")
+    for label, medians in step_rows(rng, modules, args.rounds):
+        ratio = f"  new/baseline {medians['new serial'] / medians['baseline serial']:.2f}x" if baseline else ""
+        print(f"{label:52s}" + "".join(f"{name} {value:7.2f}   " for name, value in medians.items()) + ratio)
 
 
 if __name__ == "__main__":
