@@ -16,7 +16,7 @@ AVX-512 build's summation orders (what the engine uses on such CPUs) for "new" a
 arguments, ~90 us a serial call: a baseline older than that is not comparable.
 
 The last rows time what a team member's attention costs in a 4-session decode step: one njit
-loop over every layer of 4 sequences (one token each, contexts ~CONTEXT), serial, after a 48 MiB
+loop over every layer of 4 sequences (one token each, contexts ~STEP_CONTEXT), serial, after a 48 MiB
 sweep that evicts the KV as a step's weight traffic does ("cold"), and again without it
 ("warm"); CPU time of one whole pass, divided by layers x sessions.
 """
@@ -65,6 +65,12 @@ def make_case(rng, num_tokens, last_context, prompt_order, num_blocks):
 STEP_SESSIONS, STEP_CONTEXT, STEP_BLOCKS_EACH = 4, 128, 16
 
 
+def make_arena(rng, num_blocks):
+    """Random fp16 KV of LAYERS layers in KVArena's layout (each block's rows of one head contiguous)."""
+    bits = rng.standard_normal((LAYERS, 2, num_blocks, KV_HEADS, BLOCK, HEAD_DIM)).astype(np.float16).view(np.uint16)
+    return bits.transpose(0, 1, 2, 4, 3, 5)
+
+
 def step_pass(module):
     """An njit loop: one decode token of each of STEP_SESSIONS sequences through every layer's
     attention, on the calling thread (module: kernels.attention of the tree timed)."""
@@ -80,8 +86,7 @@ def step_pass(module):
 def step_rows(rng, modules, rounds):
     """-> [(label, {variant: median us per layer and session})] for the 4-session decode step."""
     blocks = STEP_SESSIONS * STEP_BLOCKS_EACH
-    arena = (rng.standard_normal((LAYERS, 2, blocks, KV_HEADS, BLOCK, HEAD_DIM)).astype(np.float16)
-             .view(np.uint16).transpose(0, 1, 2, 4, 3, 5))
+    arena = make_arena(rng, blocks)
     tables = rng.permutation(blocks).astype(np.int32).reshape(STEP_SESSIONS, STEP_BLOCKS_EACH)
     context = (STEP_CONTEXT + np.array([-7, 3, -2, 6]))[:STEP_SESSIONS].astype(np.int32)
     q0 = rng.standard_normal((STEP_SESSIONS, HEADS, HEAD_DIM)).astype(np.float32)
@@ -122,8 +127,7 @@ def main():
     ref = load_reference()
     rng = np.random.default_rng(0)
     num_blocks = 96
-    bits = (rng.standard_normal((LAYERS, 2, num_blocks, KV_HEADS, BLOCK, HEAD_DIM))).astype(np.float16).view(np.uint16)
-    arena_new = bits.transpose(0, 1, 2, 4, 3, 5)                  # KVArena: tile-contiguous storage
+    arena_new = make_arena(rng, num_blocks)
     arena_old = np.ascontiguousarray(arena_new)                   # (.., blocks, block_size, kv_heads, d)
     scale = np.float32(1.0) / np.sqrt(np.float32(HEAD_DIM))
     threads = numba.config.NUMBA_NUM_THREADS

@@ -336,12 +336,14 @@ def prefetch_rows(cache, table, kv_head, start, end, head_dim):
     block_size = cache.shape[1]
     if cache.strides[1] == head_dim * 2:          # a block's rows of one head are contiguous (KVArena)
         for b in range(start // block_size, (end + block_size - 1) // block_size):
-            first, last = max(start, b * block_size) - b * block_size, min(end, (b + 1) * block_size) - b * block_size
+            low = b * block_size
+            first, last = max(start, low) - low, min(end, low + block_size) - low
             at = (table[b] * cache.strides[0] + first * cache.strides[1] + kv_head * cache.strides[2]) // 2
             halves = (last - first) * head_dim
             for line in range(0, halves, 32):
                 vec8.prefetch(cache, at + line)
-            vec8.prefetch(cache, at + halves - 1)      # the last line, when the rows start mid-line
+            if halves > 0:
+                vec8.prefetch(cache, at + halves - 1)      # the last line, when the rows start mid-line
         return
     b, offset = start // block_size, start % block_size
     for p in range(start, end):
