@@ -327,19 +327,32 @@ def zeros_f32x8(typingctx):
     return F32x8(), codegen
 
 
-@intrinsic
-def prefetch(typingctx, arr, index):
-    """Hint: bring the cache line of byte arr[index] (contiguous 1-D byte array) into cache."""
-    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
-        return None
-
+def _prefetch_codegen(locality):
+    """llvm.prefetch (a read, of data) of byte arr[index] with `locality` 0..3 (3: into L1, prefetcht0 on
+    x86; 2: into L2, prefetcht1)."""
     def codegen(context, builder, sig, args):
         p = _pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1], ir.IntType(8))
         fn_type = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
         fn = cgutils.get_or_insert_function(builder.module, fn_type, "llvm.prefetch.p0")
-        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)])
         return context.get_dummy_value()
-    return types.none(arr, index), codegen
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint: bring the cache line of byte arr[index] (contiguous 1-D byte array) into cache (L1)."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+    return types.none(arr, index), _prefetch_codegen(3)
+
+
+@intrinsic
+def prefetch_to_l2(typingctx, arr, index):
+    """Hint: bring the cache line of byte arr[index] (contiguous 1-D byte array) into L2, not L1."""
+    if not (_is_byte_row(arr) and isinstance(index, types.Integer)):
+        return None
+    return types.none(arr, index), _prefetch_codegen(2)
 
 
 @intrinsic

@@ -13,7 +13,7 @@ from numba import njit
 from ..cpu import cpu_vendor
 from ..half import half_to_float
 from ..simd import (EXACT_BIAS, add, concat, each_twice, even_plus_odd, fma, load_halves_as_f32, mul, prefetch,
-                    splat_f32, splat_i32, store_f32x8, unbias, zeros_f32x8)
+                    prefetch_to_l2, splat_f32, splat_i32, store_f32x8, unbias, zeros_f32x8)
 from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcast_i8x8, dot4_any_u8_acc,
                         dot_pairs_u8_i8, high_nibbles, low_nibbles)
 
@@ -22,10 +22,21 @@ from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcas
 # hardware prefetchers did better alone (1.5B: all of a token's matmuls 1.20x, the two-thread
 # decode step 1.12x faster without); on the Intel Xeon host of 2026-12-05 the SmolLM2 decode step
 # was ~1.3x faster with, the 1.5B's 1.06x (README, speed); every 4-token tile prefetches as well
-# (2026-12-06: without it a 4-session step paid memory stalls and compute one after the other).
-# Fixed when a kernel compiles (numba's disk cache keeps one entry per CPU model).
+# (2026-12-06: without it a 4-session step paid memory stalls and compute one after the other), and
+# the K-quants' tiles on every CPU (below). Fixed when a kernel compiles (numba's disk cache keeps
+# one entry per CPU model).
 PREFETCH_WEIGHTS = cpu_vendor() == "GenuineIntel"
 PREFETCH_BYTES = 2048
+# A 4-token K-quant tile (decode steps of 4+ sessions) computes ~3x longer per weight byte than one token,
+# and left to the hardware prefetchers it waited on memory and then computed, one after the other:
+# on the AMD EPYC host of 2026-12-07 the 1.5B's gate and up matrices for 4 tokens on 2 threads
+# streamed at 20 GB/s where one token's read 33 GB/s. There the tiles prefetch into L2
+# (prefetcht1) TILE_PREFETCH_BYTES ahead: 21.3 -> 13.8 ms for those matrices; prefetching into L1
+# (prefetcht0) or 2048 bytes ahead made them slower than none (8-32 KiB ahead: within noise); the
+# Q6_K tile, bound by its arithmetic, did not move. Intel CPUs keep prefetch_lines, measured there
+# (2026-12-06). The other types' tiles (SmolLM2's Q4_1 and Q8_0) were not measured with it: they
+# keep prefetch_lines.
+TILE_PREFETCH_BYTES = 16384
 
 
 # ------------------------------------------------------------- 8 rows at once (vector lanes)
@@ -51,6 +62,18 @@ def prefetch_lines(w, at, lines):
     if PREFETCH_WEIGHTS:
         for i in range(lines):
             prefetch(w, at + 64 * i)
+
+
+@njit(cache=True, inline="always")
+def prefetch_tile_lines(w, at, lines):
+    """A 4-token tile over one row group, reading its block at w[at] now: prefetch_lines from
+    PREFETCH_BYTES on where PREFETCH_WEIGHTS, else `lines` lines into L2 from TILE_PREFETCH_BYTES
+    on (past the group's end: the groups after it, read next)."""
+    if PREFETCH_WEIGHTS:
+        prefetch_lines(w, at + PREFETCH_BYTES, lines)
+    else:
+        for i in range(lines):
+            prefetch_to_l2(w, at + TILE_PREFETCH_BYTES + 64 * i)
 
 
 

@@ -36,7 +36,7 @@ from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate,
 from .kquants import (SCRATCH_SLOTS, held, hold, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
 from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
-from .row_pairs import like_rows, prefetch_rows, rows_chunk, rows_halves, rows_scale_min, store_difference
+from .row_pairs import like_rows, prefetch_tile_rows, rows_chunk, rows_halves, rows_scale_min, store_difference
 
 FUSABLE = True           # several matrices concatenated, one output per part
 TYPE_SIZE = 144
@@ -218,7 +218,7 @@ def _group_one_tile(rows, xq, xd, bsums, dest, t0, t1, t2, t3):
     u0, u1, u2, u3 = bsums[t0], bsums[t1], bsums[t2], bsums[t3]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        prefetch_rows(rows, base + PREFETCH_BYTES, 18)
+        prefetch_tile_rows(rows, base, 18)
         s0 = s1 = s2 = s3 = n0 = n1 = n2 = n3 = like_rows(zeros_i32x8(), rows)
         for j in range(4):
             scale0, min0 = rows_scale_min(rows, base + _SCALES, 2 * j)

@@ -35,7 +35,7 @@ from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate,
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
 from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
-from .row_pairs import (like_rows, load_like_rows, prefetch_rows, rows_chunk, rows_halves, rows_i8x8_as_i32,
+from .row_pairs import (like_rows, load_like_rows, prefetch_tile_rows, rows_chunk, rows_halves, rows_i8x8_as_i32,
                         store_like_rows, store_rows)
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -209,7 +209,7 @@ def _group_one4(rows, xq, xd, sum_pairs, dest, t0, t1, t2, t3, lanes):
     token = 8 * LANE_SLOT
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        prefetch_rows(rows, base + PREFETCH_BYTES, 27)
+        prefetch_tile_rows(rows, base, 27)
         d = rows_halves(rows, base)
         d0, d1 = mul(d, like_rows(splat_f32(xd[t0, b]), rows)), mul(d, like_rows(splat_f32(xd[t1, b]), rows))
         d2, d3 = mul(d, like_rows(splat_f32(xd[t2, b]), rows)), mul(d, like_rows(splat_f32(xd[t3, b]), rows))
