@@ -26,7 +26,7 @@ from numba import njit, prange
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from edge_slm_node.kernels.quants.common import new_scratch  # noqa: E402
+from edge_slm_node.kernels.quants.common import new_scratch, set_team  # noqa: E402
 from edge_slm_node.model.linear import FusedLinear  # noqa: E402
 from edge_slm_node.model.loader import load_model  # noqa: E402
 
@@ -92,13 +92,15 @@ def shapes(model):
     return found
 
 
-def call_of(matrix, tokens: int, parallel: bool, rng, rows_alone: bool = False):
+def call_of(matrix, tokens: int, parallel: bool, rng, rows_alone: bool = False, team=(0, 1)):
     """-> (fn running matrix on a random x, multiply-adds per call); rows_alone (a Linear): each
-    token summed as its own llama.cpp call, as the tokens of a decode step's sessions are."""
+    token summed as its own llama.cpp call, as the tokens of a decode step's sessions are;
+    team (member, members): matmul_serial computes that member's share of the rows."""
     parts = matrix.parts if isinstance(matrix, FusedLinear) else [matrix]
     k = parts[0].in_features
     x = rng.standard_normal((tokens, k)).astype(np.float32)
     scratch = new_scratch(tokens, k, {s for p in parts for s in p.scratch_slots})
+    set_team(scratch, *team)
     outs = [np.zeros((tokens, p.out_features), np.float32) for p in parts]
     macs = tokens * k * sum(p.out_features for p in parts)
     if isinstance(matrix, FusedLinear):
