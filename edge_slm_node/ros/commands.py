@@ -140,6 +140,8 @@ class CommandStreams:
             if event.finish_reason is not None and error:
                 self.logger.warning(f"request {request_id} of {request.session_id!r} ended {reason}: {error}")
         except Exception as error:
+            if not self.node.context.ok():       # shut down while publishing
+                return
             self.logger.error(f"publishing a chunk of request {request_id} of {request.session_id!r} "
                               f"failed: {type(error).__name__}: {error}")
         if event.finish_reason is not None:

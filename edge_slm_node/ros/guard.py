@@ -45,8 +45,9 @@ def guarded_subscription(logger, name: str, handler: Callable, on_failure: Calla
     return callback
 
 
-def guarded_timer(logger, name: str, handler: Callable) -> Callable:
-    """handler(); a failure is logged (once per distinct message) and the timer keeps running."""
+def guarded_timer(logger, name: str, handler: Callable, context=None) -> Callable:
+    """handler(); a failure is logged (once per distinct message) and the timer keeps running. With
+    the node's rclpy `context`, a failure once it is shut down is expected and logged at debug only."""
     seen = set()
 
     def callback():
@@ -54,6 +55,10 @@ def guarded_timer(logger, name: str, handler: Callable) -> Callable:
             handler()
         except Exception as error:
             text = _describe(error)
+            # Ctrl-C: rclpy's signal handler shuts the context down while a callback may be publishing
+            if context is not None and not context.ok():
+                logger.debug(f"{name} timer stopped by shutdown: {text}")
+                return
             if text not in seen and len(seen) < 100:
                 seen.add(text)
                 logger.error(f"{name} timer failed: {text}\n{traceback.format_exc()}")

@@ -37,11 +37,11 @@ class StatusPublisher:
         self._changed = threading.Event()
         self._publish_lock = threading.Lock()     # one status at a time, in order
         log = node.get_logger()
-        self.publish_safely = guarded_timer(log, "status", self.publish)
+        self.publish_safely = guarded_timer(log, "status", self.publish, node.context)
         self._timer = None
         self.set_rate(node.runtime.status_rate_hz)
         # session changes are published at most 10 times a second, however many calls cause them
-        node.create_timer(STATUS_COALESCE_S, guarded_timer(log, "status", self._publish_if_changed),
+        node.create_timer(STATUS_COALESCE_S, guarded_timer(log, "status", self._publish_if_changed, node.context),
                           callback_group=callback_group, clock=self._steady)
 
     def set_rate(self, rate_hz: float) -> None:
