@@ -34,8 +34,8 @@ PREFETCH_BYTES = 2048
 # (prefetcht1) TILE_PREFETCH_BYTES ahead: 21.3 -> 13.9 ms for those matrices; prefetching into L1
 # (prefetcht0) or 2048 bytes ahead made them slower than none (8-32 KiB ahead: within noise); the
 # Q6_K head for 4 tokens 9.5 -> 7.5 ms (README, speed). Intel CPUs keep prefetch_lines, measured there
-# (2026-12-06). The other types' tiles (SmolLM2's Q4_1 and Q8_0) were not measured with it: they
-# keep prefetch_lines.
+# (2026-12-06). SmolLM2's Q4_1 and Q8_0 tiles keep prefetch_lines: with this L2 prefetch its
+# 4-session step did not move (2026-12-07; those tiles are bound by their arithmetic, README).
 TILE_PREFETCH_BYTES = 16384
 
 
