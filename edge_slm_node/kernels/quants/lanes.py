@@ -23,20 +23,23 @@ from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcas
 # decode step 1.12x faster without); on the Intel Xeon host of 2026-12-05 the SmolLM2 decode step
 # was ~1.3x faster with, the 1.5B's 1.06x (README, speed); every 4-token tile prefetches as well
 # (2026-12-06: without it a 4-session step paid memory stalls and compute one after the other), and
-# the K-quants' tiles on every CPU (below). Fixed when a kernel compiles (numba's disk cache keeps
+# the K-quant kernels on every CPU, into L2 elsewhere (below). Fixed when a kernel compiles (numba's disk cache keeps
 # one entry per CPU model).
 PREFETCH_WEIGHTS = cpu_vendor() == "GenuineIntel"
 PREFETCH_BYTES = 2048
 # A 4-token K-quant tile (decode steps of 4+ sessions) computes ~3x longer per weight byte than one token,
 # and left to the hardware prefetchers it waited on memory and then computed, one after the other:
 # on the AMD EPYC host of 2026-12-07 the 1.5B's gate and up matrices for 4 tokens on 2 threads
-# streamed at 20 GB/s where one token's read 33 GB/s. There the tiles prefetch into L2
-# (prefetcht1) TILE_PREFETCH_BYTES ahead: 21.3 -> 13.9 ms for those matrices; prefetching into L1
+# streamed at 20 GB/s where one token's read 33 GB/s. There the K-quant kernels prefetch into L2
+# (prefetcht1) L2_PREFETCH_BYTES ahead: 21.3 -> 13.9 ms for those matrices; prefetching into L1
 # (prefetcht0) or 2048 bytes ahead made them slower than none (8-32 KiB ahead: within noise); the
-# Q6_K head for 4 tokens 9.5 -> 7.5 ms (README, speed). Intel CPUs keep prefetch_lines, measured there
-# (2026-12-06). SmolLM2's Q4_1 and Q8_0 tiles keep prefetch_lines: with this L2 prefetch its
-# 4-session step did not move (2026-12-07; those tiles are bound by their arithmetic, README).
-TILE_PREFETCH_BYTES = 16384
+# Q6_K head for 4 tokens 9.5 -> 7.5 ms (README, speed). The one-token Q4_K and Q6_K kernels as well
+# (later that day): the 1.5B's 28 down matrices (Q4_K and Q6_K, K = 8960) streamed on one thread
+# in 11.9 ms against 15.2 (medians of 6 alternations), gate, up and the head unchanged (README, speed).
+# Intel CPUs keep prefetch_lines, measured there (2026-12-06). SmolLM2's Q4_1 and Q8_0 tiles keep
+# prefetch_lines: with this L2 prefetch its 4-session step did not move (2026-12-07; those tiles
+# are bound by their arithmetic, README).
+L2_PREFETCH_BYTES = 16384
 
 
 # ------------------------------------------------------------- 8 rows at once (vector lanes)
@@ -65,15 +68,15 @@ def prefetch_lines(w, at, lines):
 
 
 @njit(cache=True, inline="always")
-def prefetch_tile_lines(w, at, lines):
-    """A 4-token tile over one row group, reading its block at w[at] now: prefetch_lines from
-    PREFETCH_BYTES on where PREFETCH_WEIGHTS, else `lines` lines into L2 from TILE_PREFETCH_BYTES
-    on (past the group's end: the groups after it, read next)."""
+def prefetch_streamed_lines(w, at, lines):
+    """A K-quant kernel (one token or a 4-token tile) over one row group, reading its block at
+    w[at] now: prefetch_lines from PREFETCH_BYTES on where PREFETCH_WEIGHTS, else `lines` lines
+    into L2 from L2_PREFETCH_BYTES on (past the group's end: the groups after it, read next)."""
     if PREFETCH_WEIGHTS:
         prefetch_lines(w, at + PREFETCH_BYTES, lines)
     else:
         for i in range(lines):
-            prefetch_to_l2(w, at + TILE_PREFETCH_BYTES + 64 * i)
+            prefetch_to_l2(w, at + L2_PREFETCH_BYTES + 64 * i)
 
 
 

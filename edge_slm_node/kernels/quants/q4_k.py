@@ -35,7 +35,7 @@ from ..vec8 import sub
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_gemm_tile, pair_sum, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k, scale_min, scale_min_rows, scales_and_mins)
-from .lanes import PREFETCH_BYTES, prefetch_lines, scale_at
+from .lanes import prefetch_streamed_lines, scale_at
 from .row_pairs import like_rows, prefetch_tile_rows, rows_chunk, rows_halves, rows_scale_min, store_difference
 
 FUSABLE = True           # several matrices concatenated, one output per part
@@ -141,7 +141,7 @@ def _group_one(w, xq, xd, bsums, out, t, col):
     x, sums = xq[t], bsums[t]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        prefetch_lines(w, base + PREFETCH_BYTES, 18)
+        prefetch_streamed_lines(w, base, 18)
         s0, m0 = _pair_sums(w, base, x, sums, b, 0)
         s1, m1 = _pair_sums(w, base, x, sums, b, 1)
         s2, m2 = _pair_sums(w, base, x, sums, b, 2)

@@ -34,7 +34,7 @@ from ..simd_int import (bits_or, broadcast_i32, broadcast_i8x4, dot4_acc, dot_ha
 from .common import MATMUL_SIGNATURE, ROWS_PER_GROUP, dequantize_halves, locate, run_parallel, run_serial
 from .kquants import (SCRATCH_SLOTS, held, hold, in_tiled_call, prepare_q8_k, put_chunk, put_halves,  # noqa: F401
                       put_transposed, repack_k)
-from .lanes import PREFETCH_BYTES, lane_sum, prefetch_lines, scale_at, vector_lane_sum
+from .lanes import lane_sum, prefetch_streamed_lines, scale_at, vector_lane_sum
 from .row_pairs import (like_rows, load_like_rows, prefetch_tile_rows, rows_chunk, rows_halves, rows_i8x8_as_i32,
                         store_like_rows, store_rows)
 
@@ -170,7 +170,7 @@ def _group_one(w, xq, xd, sum_pairs, out, t, col):
     x, sums = xq[t], sum_pairs[t]
     for b in range(xd.shape[1]):
         base = b * GROUP_BLOCK_BYTES
-        prefetch_lines(w, base + PREFETCH_BYTES, 27)
+        prefetch_streamed_lines(w, base, 27)
         dd = mul(load_halves_as_f32(w, base), splat_f32(xd[t, b]))
         a0, a1, a2, a3 = _side_lanes(w, base, x, sums, b, 0, dd, a0, a1, a2, a3)
         a4, a5, a6, a7 = _side_lanes(w, base, x, sums, b, 1, dd, a4, a5, a6, a7)

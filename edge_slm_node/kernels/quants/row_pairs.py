@@ -14,7 +14,7 @@ from ..simd import concat, high_half, load_f32x8, load_halves_as_f32, low_half, 
 from ..simd_int import load_i8x8_as_i32, load_i8x32
 from ..vec8 import sub
 from .kquants import scale_min_rows
-from .lanes import PREFETCH_BYTES, PREFETCH_WEIGHTS, TILE_PREFETCH_BYTES, prefetch_lines, prefetch_tile_lines
+from .lanes import L2_PREFETCH_BYTES, PREFETCH_WEIGHTS, prefetch_streamed_lines
 
 
 def _is_pair(rows) -> bool:
@@ -38,8 +38,8 @@ def rows_scale_min(rows, at, s):
 
 
 def prefetch_tile_rows(rows, at, lines):
-    """lanes.prefetch_tile_lines for a 4-token tile over a group or a pair of groups, reading byte
-    `at` of each now. A pair's L2 prefetch is TILE_PREFETCH_BYTES ahead in the weights the tile
+    """lanes.prefetch_streamed_lines for a 4-token tile over a group or a pair of groups, reading byte
+    `at` of each now. A pair's L2 prefetch is L2_PREFETCH_BYTES ahead in the weights the tile
     streams: half that in each group's own stream, which goes on past the group's end in the group
     two further (a pair of adjacent groups is followed by the next pair)."""
 
@@ -101,17 +101,17 @@ def _prefetch_tile_rows(rows, at, lines):
     if _is_pair(rows):
         def pair(rows, at, lines):
             if PREFETCH_WEIGHTS:
-                prefetch_lines(rows[0], at + PREFETCH_BYTES, lines)
-                prefetch_lines(rows[1], at + PREFETCH_BYTES, lines)
+                prefetch_streamed_lines(rows[0], at, lines)
+                prefetch_streamed_lines(rows[1], at, lines)
                 return
             size = rows[0].shape[0]               # rows[1] starts where rows[0] ends (packed groups i, i + 1)
-            groups_on, offset = divmod(at + TILE_PREFETCH_BYTES // 2, size)
+            groups_on, offset = divmod(at + L2_PREFETCH_BYTES // 2, size)
             first = 2 * groups_on * size + offset
             for i in range(lines):
                 prefetch_to_l2(rows[0], first + 64 * i)
                 prefetch_to_l2(rows[0], first + size + 64 * i)
         return pair
-    return lambda rows, at, lines: prefetch_tile_lines(rows, at, lines)
+    return lambda rows, at, lines: prefetch_streamed_lines(rows, at, lines)
 
 
 @overload(like_rows, inline="always")
