@@ -78,8 +78,8 @@ def step_pass(module):
 
     @njit(nogil=True)
     def run(q, arena, tables, seq, context, order, scale, out, work):
-        for layer in range(arena.shape[0]):
-            serial(q, arena[layer, 0], arena[layer, 1], tables, seq, context, order, scale, out, work, True, 0, 1)
+        for layer in range(arena.shape[0]):         # avx512, no window, member 0 of 1
+            serial(q, arena[layer, 0], arena[layer, 1], tables, seq, context, order, scale, out, work, True, 0, 0, 1)
     return run
 
 
