@@ -23,8 +23,8 @@ from ..simd_int import (add_pairs_i16, broadcast_i32x2, broadcast_i8x4, broadcas
 # decode step 1.12x faster without); on the Intel Xeon host of 2026-12-05 the SmolLM2 decode step
 # was ~1.3x faster with, the 1.5B's 1.06x (README, speed); every 4-token tile prefetches as well
 # (2026-12-06: without it a 4-session step paid memory stalls and compute one after the other), and
-# the K-quant kernels on every CPU, into L2 elsewhere (below). Fixed when a kernel compiles (numba's disk cache keeps
-# one entry per CPU model).
+# the K-quant kernels on every CPU, into L2 elsewhere (below). Fixed when a kernel compiles
+# (numba's disk cache keeps one entry per CPU model).
 PREFETCH_WEIGHTS = cpu_vendor() == "GenuineIntel"
 PREFETCH_BYTES = 2048
 # A 4-token K-quant tile (decode steps of 4+ sessions) computes ~3x longer per weight byte than one token,
