@@ -389,6 +389,8 @@ def paged_attention_serial(q, k_cache, v_cache, block_tables, token_seq, token_c
     """paged_attention on the calling thread only (uses work[0]); with members > 1, only member's
     contiguous share of the work items (each a chunk of tokens x one KV head: a team of threads
     running one forward, each with its own work)."""
+    if member < 0 or member >= members:          # past the team, its items would index past the tables
+        raise ValueError("paged_attention_serial: member must be in [0, members)")
     firsts, counts = _chunks(token_seq, prompt_order, q.shape[2])
     num_items = firsts.shape[0] * k_cache.shape[2]
     first, last = member * num_items // members, (member + 1) * num_items // members

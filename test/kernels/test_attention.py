@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import njit, prange
 
-from edge_slm_node.kernels.attention import attention_work, paged_attention
+from edge_slm_node.kernels.attention import attention_work, paged_attention, paged_attention_serial
 from edge_slm_node.kernels.kv_write import write_kv
 from edge_slm_node.kernels.half import float_to_half_bits, half_bits_to_float, round_to_half
 from edge_slm_node.kernels.ops import exp_f32, hsum8
@@ -357,6 +357,16 @@ def test_decode_order_over_long_contexts_is_bit_equal_to_the_frozen_reference(he
     got = np.full_like(q, np.nan)
     paged_attention(q, k_cache, v_cache, tables, seq, context, prompt_order, scale, got, parallel=False)
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("member,members", [(1, 1), (2, 2), (-1, 2), (0, 0)])
+def test_a_member_outside_its_team_is_refused(member, members):
+    q, k_cache, v_cache, tables, seq, context, prompt_order = random_batch(np.random.default_rng(3), 9, 3, 64, 16,
+                                                                          [(40, 1), (70, 1)], 0, True)
+    out = np.zeros_like(q)
+    with pytest.raises(ValueError, match="member must be in"):
+        paged_attention_serial(q, k_cache, v_cache, tables, seq, context, prompt_order, np.float32(0.125), out,
+                               attention_work(9, 3, 64, 128), True, 0, member, members)
 
 
 def test_automatic_driver_choice_with_a_preallocated_work_buffer():
