@@ -43,9 +43,10 @@ from numba import njit, prange
 from . import simd, vec8
 from .attention_math import (DECODE_LANES, LANE_ROWS, LANE_SUMS_SCRATCH, MIN_ROWS_BY_LANE, PREFETCH_SPANS,
                              PROMPT_LANES, SPAN, VALUE_PAD, VALUE_ROWS, WIDE_DECODE_LANES, WIDE_PROMPT_LANES, hsum_rows,
-                             lane_sums_wide, load_span, load_strided, prefetch_rows, reduce_16, reduce_16_rows,
-                             reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64, scores_64_wide,
-                             scores_128_wide, scores_any, weighted_lane, weighted_rows, weighted_rows_streamed)
+                             lane_sums_wide, lane_sums_wide_three, load_span, load_strided, prefetch_rows, reduce_16,
+                             reduce_16_rows, reduce_32, reduce_64, reduce_64_rows, reduce_rows, scores_64,
+                             scores_64_three, scores_64_wide, scores_128_wide, scores_any, weighted_lane, weighted_rows,
+                             weighted_rows_streamed)
 from .half import round_to_half
 
 PROMPT_CHUNK = 8          # queries per item in the prompt order (8 lanes of accumulators each)
@@ -61,7 +62,7 @@ def _work_size(group, head_dim, max_context):
     width = (max_context + 15) // 16 * 16
     chunk = max(PROMPT_CHUNK, DECODE_CHUNK)
     return chunk * group * (head_dim + width) + PROMPT_CHUNK * WIDE_PROMPT_LANES * group * head_dim \
-        + max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD)) + max(head_dim, WIDE_DECODE_LANES) \
+        + max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD)) + max(3 * head_dim, WIDE_DECODE_LANES) \
         + LANE_SUMS_SCRATCH
 
 
@@ -126,7 +127,7 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
     span_size = max(SPAN * head_dim, VALUE_ROWS * (head_dim + VALUE_PAD))
     span = work[end:end + span_size]
     end += span_size
-    result = work[end:end + max(head_dim, WIDE_DECODE_LANES) + LANE_SUMS_SCRATCH]
+    result = work[end:end + max(3 * head_dim, WIDE_DECODE_LANES) + LANE_SUMS_SCRATCH]
     # P . V: 64 lanes in registers, or by weighted_rows_streamed or by lane (acc cleared there)
     in_registers = avx512 and not pv_prompt and head_dim % 16 == 0 and max_context - base <= VALUE_ROWS
     streamed = num_lanes >= DECODE_LANES
@@ -164,7 +165,11 @@ def _attend_body(q, k_cache, v_cache, table, first_token, count, token_context, 
         load_span(k_cache, table, kv_head, start, rows, span, head_dim, head_dim)
         for m in range(count):
             n = min(rows, token_context[first_token + m] - start)
-            for g in range(group):
+            trios = group // 3 * 3 if head_dim == 64 and avx512 else 0
+            for g in range(0, trios, 3):         # three query heads at once
+                scores_64_three(span, n, queries, (m * group + g) * head_dim, qk_prompt, scale, scores,
+                                (m * group + g) * width + start, width)
+            for g in range(trios, group):
                 at_q = (m * group + g) * head_dim
                 at_s = (m * group + g) * width + start
                 if head_dim == 64 and avx512:
@@ -286,7 +291,15 @@ def _weighted_in_registers(v_cache, table, kv_head, base, max_context, first_tok
     for m in range(count):
         t = first_token + m
         n = max(0, min(rows, token_context[t] - base))
-        for g in range(group):
+        trios = group // 3 * 3
+        for g in range(0, trios, 3):             # three query heads at once
+            lane_sums_wide_three(values, n, head_dim, head_dim + VALUE_PAD, scores, (m * group + g) * width + base,
+                                 width, result)
+            for i in range(3):
+                h = kv_head * group + g + i
+                for d in range(head_dim):
+                    out[t, h, d] = result[i * head_dim + d]
+        for g in range(trios, group):
             lane_sums_wide(values, n, head_dim, head_dim + VALUE_PAD, scores, (m * group + g) * width + base, result)
             h = kv_head * group + g
             for d in range(head_dim):

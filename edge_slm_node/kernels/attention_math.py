@@ -29,8 +29,9 @@ VALUE_ROWS = 256
 # ... stored VALUE_PAD floats apart beyond head_dim: at a power-of-two stride the rows that one
 # pass reads (8 rows apart) fall into the same few L1 sets and evict each other
 VALUE_PAD = 16
-# lane_sums_wide's scratch after its result: 16 output elements of each of its 8 lane groups
-LANE_SUMS_SCRATCH = 8 * 16
+# lane_sums_wide's scratch after its results: 16 output elements of each of its 8 lane groups, for
+# each of up to 3 query heads
+LANE_SUMS_SCRATCH = 3 * 8 * 16
 
 
 @njit(cache=True, inline="always")
@@ -405,6 +406,75 @@ def scores_64_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
 
 
 @njit(cache=True, inline="always")
+def scores_64_three(span, n, queries, at_q, prompt, scale, scores, at_s, width):
+    """scores_64_wide for 3 query heads at once (queries at at_q, +64, +128; scores at at_s, +width,
+    +2 * width): each K row is loaded once for the three, and 16 positions' lanes are reduced together
+    by vec8's fold network instead of one reduce16 each."""
+    q = (load16(queries, at_q), load16(queries, at_q + 16), load16(queries, at_q + 32), load16(queries, at_q + 48),
+         load16(queries, at_q + 64), load16(queries, at_q + 80), load16(queries, at_q + 96), load16(queries, at_q + 112),
+         load16(queries, at_q + 128), load16(queries, at_q + 144), load16(queries, at_q + 160),
+         load16(queries, at_q + 176))
+    scale16 = simd.concat(simd.splat_f32(scale), simd.splat_f32(scale))
+    full = max(n, 0) // 16 * 16        # n <= 0: a query of a prompt chunk whose context ends before the span
+    for o in range(0, full, 16):
+        s0, s1, s2 = _scores16_three(span, o * 64, q, prompt)
+        store16(scores, at_s + o, simd.mul(s0, scale16))
+        store16(scores, at_s + width + o, simd.mul(s1, scale16))
+        store16(scores, at_s + 2 * width + o, simd.mul(s2, scale16))
+    for o in range(full, n):
+        l0, l1, l2 = _key_lanes_three(span, o * 64, q, prompt)
+        scores[at_s + o] = reduce16(l0) * scale
+        scores[at_s + width + o] = reduce16(l1) * scale
+        scores[at_s + 2 * width + o] = reduce16(l2) * scale
+
+
+@njit(cache=True, inline="always")
+def _key_lanes(k0, k1, k2, k3, q0, q1, q2, q3, prompt):
+    """The 16 lanes of scores_64_wide's dot before reduce16 (prompt: the tinyBLAS order)."""
+    if prompt:
+        return simd.add_exact_product(k3, q3, simd.add_exact_product(k2, q2, simd.add_exact_product(k1, q1,
+                                                                                                    simd.mul(k0, q0))))
+    return simd.add(simd.add_exact_product(k0, q0, simd.mul(k2, q2)), simd.add_exact_product(k1, q1, simd.mul(k3, q3)))
+
+
+@njit(cache=True, inline="always")
+def _key_lanes_three(span, at, q, prompt):
+    """K row at span[at:at+64] . the three queries q (4 vectors each) -> their 16 lanes each."""
+    k0, k1, k2, k3 = load16(span, at), load16(span, at + 16), load16(span, at + 32), load16(span, at + 48)
+    return (_key_lanes(k0, k1, k2, k3, q[0], q[1], q[2], q[3], prompt),
+            _key_lanes(k0, k1, k2, k3, q[4], q[5], q[6], q[7], prompt),
+            _key_lanes(k0, k1, k2, k3, q[8], q[9], q[10], q[11], prompt))
+
+
+@njit(cache=True, inline="always")
+def _leaf_pair_three(span, at, a, b, q, prompt):
+    """Rows a and b (positions from `at`), fold_8 of their lanes, for each head."""
+    x0, x1, x2 = _key_lanes_three(span, at + a * 64, q, prompt)
+    y0, y1, y2 = _key_lanes_three(span, at + b * 64, q, prompt)
+    return vec8.fold_8(x0, y0), vec8.fold_8(x1, y1), vec8.fold_8(x2, y2)
+
+
+@njit(cache=True, inline="always")
+def _leaf_quad_three(span, at, a, b, c, d, q, prompt):
+    x0, x1, x2 = _leaf_pair_three(span, at, a, b, q, prompt)
+    y0, y1, y2 = _leaf_pair_three(span, at, c, d, q, prompt)
+    return vec8.fold_4(x0, y0), vec8.fold_4(x1, y1), vec8.fold_4(x2, y2)
+
+
+@njit(cache=True, inline="always")
+def _scores16_three(span, at, q, prompt):
+    """The dots of 16 K rows from span[at:] with three queries -> an F32x16 of them per head, in
+    position order (the leaves in vec8.FOLD_LEAF_ORDER: 0, 4, 8, 12, 1, 5, ...)."""
+    a0, a1, a2 = _leaf_quad_three(span, at, 0, 4, 8, 12, q, prompt)
+    b0, b1, b2 = _leaf_quad_three(span, at, 1, 5, 9, 13, q, prompt)
+    e0, e1, e2 = vec8.fold_2(a0, b0), vec8.fold_2(a1, b1), vec8.fold_2(a2, b2)
+    a0, a1, a2 = _leaf_quad_three(span, at, 2, 6, 10, 14, q, prompt)
+    b0, b1, b2 = _leaf_quad_three(span, at, 3, 7, 11, 15, q, prompt)
+    return vec8.fold_1(e0, vec8.fold_2(a0, b0)), vec8.fold_1(e1, vec8.fold_2(a1, b1)), \
+        vec8.fold_1(e2, vec8.fold_2(a2, b2))
+
+
+@njit(cache=True, inline="always")
 def scores_128_wide(span, n, queries, at_q, prompt, scale, scores, at_s):
     """head_dim 128, the AVX-512 build's orders (dot_prompt_wide, dot_decode_wide) on 16-lane
     vectors, query in registers."""
@@ -559,16 +629,80 @@ def lane_sums_wide(values, n, head_dim, row_stride, weights, at_w, result):
                 a6 = _plus_row(values, row_stride, d, weights, at_w, r + 48, a6)
             if r + 56 < n:
                 a7 = _plus_row(values, row_stride, d, weights, at_w, r + 56, a7)
-            # reduce_64's lanes j+8 and j of its 16: ((j+8) + (j+40)) + ((j+24) + (j+56)) plus j's
-            store16(result, head_dim + 16 * j, simd.add(simd.add(simd.add(a1, a5), simd.add(a3, a7)),
-                                                        simd.add(simd.add(a0, a4), simd.add(a2, a6))))
-        # reduce_16's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)), element-wise
-        b0, b1, b2, b3 = load16(result, head_dim), load16(result, head_dim + 16), \
-            load16(result, head_dim + 32), load16(result, head_dim + 48)
-        b4, b5, b6, b7 = load16(result, head_dim + 64), load16(result, head_dim + 80), \
-            load16(result, head_dim + 96), load16(result, head_dim + 112)
-        store16(result, d, simd.add(simd.add(simd.add(b4, b0), simd.add(b6, b2)),
-                                    simd.add(simd.add(b5, b1), simd.add(b7, b3))))
+            store16(result, head_dim + 16 * j, _lane_group_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+        _reduce_lane_groups(result, head_dim, result, d)
+
+
+@njit(cache=True, inline="always")
+def lane_sums_wide_three(values, n, head_dim, row_stride, weights, at_w, width, result):
+    """lane_sums_wide for 3 query heads at once (weights at at_w, +width, +2 * width) -> result[h *
+    head_dim:(h + 1) * head_dim] for head h; each value row is loaded once for the three.
+    result[3 * head_dim:3 * head_dim + LANE_SUMS_SCRATCH] scratch."""
+    full = n // 64 * 64
+    scratch = 3 * head_dim
+    for d in range(0, head_dim, 16):
+        for j in range(8):             # lanes j, j+8, ..., j+56 of each head: a*, b*, c*
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros16()
+            b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = zeros16()
+            c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = zeros16()
+            for r in range(j, full, 64):       # every lane has a row here
+                a0, b0, c0 = _plus_row_three(values, row_stride, d, weights, at_w, width, r, a0, b0, c0)
+                a1, b1, c1 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 8, a1, b1, c1)
+                a2, b2, c2 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 16, a2, b2, c2)
+                a3, b3, c3 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 24, a3, b3, c3)
+                a4, b4, c4 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 32, a4, b4, c4)
+                a5, b5, c5 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 40, a5, b5, c5)
+                a6, b6, c6 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 48, a6, b6, c6)
+                a7, b7, c7 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 56, a7, b7, c7)
+            r = full + j                       # the last rows reach only the first n % 64 lanes
+            if r < n:
+                a0, b0, c0 = _plus_row_three(values, row_stride, d, weights, at_w, width, r, a0, b0, c0)
+            if r + 8 < n:
+                a1, b1, c1 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 8, a1, b1, c1)
+            if r + 16 < n:
+                a2, b2, c2 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 16, a2, b2, c2)
+            if r + 24 < n:
+                a3, b3, c3 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 24, a3, b3, c3)
+            if r + 32 < n:
+                a4, b4, c4 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 32, a4, b4, c4)
+            if r + 40 < n:
+                a5, b5, c5 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 40, a5, b5, c5)
+            if r + 48 < n:
+                a6, b6, c6 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 48, a6, b6, c6)
+            if r + 56 < n:
+                a7, b7, c7 = _plus_row_three(values, row_stride, d, weights, at_w, width, r + 56, a7, b7, c7)
+            store16(result, scratch + 16 * j, _lane_group_sum(a0, a1, a2, a3, a4, a5, a6, a7))
+            store16(result, scratch + 128 + 16 * j, _lane_group_sum(b0, b1, b2, b3, b4, b5, b6, b7))
+            store16(result, scratch + 256 + 16 * j, _lane_group_sum(c0, c1, c2, c3, c4, c5, c6, c7))
+        for h in range(3):
+            _reduce_lane_groups(result, scratch + 128 * h, result, h * head_dim + d)
+
+
+@njit(cache=True, inline="always")
+def _lane_group_sum(a0, a1, a2, a3, a4, a5, a6, a7):
+    """reduce_64's lanes j+8 and j of its 16 from lanes j, j+8, ..., j+56: ((j+8) + (j+40)) +
+    ((j+24) + (j+56)) plus j's."""
+    return simd.add(simd.add(simd.add(a1, a5), simd.add(a3, a7)), simd.add(simd.add(a0, a4), simd.add(a2, a6)))
+
+
+@njit(cache=True, inline="always")
+def _reduce_lane_groups(groups, at, result, at_r):
+    """reduce_16's ((a4 + a0) + (a6 + a2)) + ((a5 + a1) + (a7 + a3)) of the 8 groups' sums at
+    groups[at:at+128], element-wise -> result[at_r:at_r+16]."""
+    b0, b1, b2, b3 = load16(groups, at), load16(groups, at + 16), load16(groups, at + 32), load16(groups, at + 48)
+    b4, b5, b6, b7 = load16(groups, at + 64), load16(groups, at + 80), load16(groups, at + 96), \
+        load16(groups, at + 112)
+    store16(result, at_r, simd.add(simd.add(simd.add(b4, b0), simd.add(b6, b2)),
+                                   simd.add(simd.add(b5, b1), simd.add(b7, b3))))
+
+
+@njit(cache=True, inline="always")
+def _plus_row_three(values, row_stride, d, weights, at_w, width, r, a, b, c):
+    """_plus_row for three heads' weights (at at_w, +width, +2 * width) and one load of the row."""
+    row = load16(values, r * row_stride + d)
+    return (simd.add_exact_product(broadcast16(weights, at_w + r), row, a),
+            simd.add_exact_product(broadcast16(weights, at_w + width + r), row, b),
+            simd.add_exact_product(broadcast16(weights, at_w + 2 * width + r), row, c))
 
 
 @njit(cache=True, inline="always")

@@ -12,7 +12,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import F32x8, _pointer, _x86_call
+from .simd import F32x8, Vector, _pointer, _x86_call
 
 
 _F32 = ir.FloatType()
@@ -287,3 +287,51 @@ def exp_wide(typingctx, v):
                                _f32_const(float("inf")))
         return builder.select(builder.fcmp_ordered(">", abs_n, _f32_const(192.0)), limit, scaled)
     return F32x8(v), codegen
+
+
+# ------------------------------------------------- 16 sums of 16 lanes at once (AVX-512 orders)
+# reduce_16's order on 16 lanes l: a_i = l[8+i] + l[i], then ((a4 + a0) + (a6 + a2)) + ((a5 + a1) +
+# (a7 + a3)): sums of lanes 8, then 4, 2 and 1 apart. A fold adds lanes `distance` apart within
+# every source of two vectors at once (each shuffle one vshuff64x2 or vshufps): 16 vectors of
+# lanes -> fold_8 -> 8 -> fold_4 -> 4 -> fold_2 -> 2 -> fold_1 -> one vector of their 16 sums, each
+# in reduce_16's order. With leaf s (the s-th vector in pairing order) holding source
+# FOLD_LEAF_ORDER[s], lane p of the result is source p's sum.
+
+def _fold_quarters(a, b, c, d):
+    return [4 * a + i for i in range(4)] + [4 * b + i for i in range(4)] + \
+        [16 + 4 * c + i for i in range(4)] + [16 + 4 * d + i for i in range(4)]
+
+
+def _fold_within(i0, i1, i2, i3):
+    return [4 * k + i for k in range(4) for i in (i0, i1, 16 + i2, 16 + i3)]
+
+
+FOLD_MASKS = {   # distance -> the two shuffles of (x, y) whose sum adds lanes that far apart
+    8: (list(range(8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32))),
+    4: (_fold_quarters(0, 2, 0, 2), _fold_quarters(1, 3, 1, 3)),
+    2: (_fold_within(0, 1, 0, 1), _fold_within(2, 3, 2, 3)),
+    1: (_fold_within(0, 2, 0, 2), _fold_within(1, 3, 1, 3)),
+}
+FOLD_LEAF_ORDER = tuple(4 * (s % 4) + s // 4 for s in range(16))
+
+
+def _fold(distance):
+    wide = Vector("f32", 16)
+    first, second = FOLD_MASKS[distance]
+
+    @intrinsic
+    def fold(typingctx, x, y):
+        if not (x == wide and y == wide):
+            return None
+
+        def codegen(context, builder, sig, args):
+            mask = ir.VectorType(_I32, 16)
+            a = builder.shuffle_vector(args[0], args[1], ir.Constant(mask, first))
+            b = builder.shuffle_vector(args[0], args[1], ir.Constant(mask, second))
+            return builder.fadd(b, a)
+        return wide(x, y), codegen
+    fold.__doc__ = f"F32x16 x, y -> their lanes {distance} apart added within each source (see FOLD_MASKS)."
+    return fold
+
+
+fold_8, fold_4, fold_2, fold_1 = _fold(8), _fold(4), _fold(2), _fold(1)

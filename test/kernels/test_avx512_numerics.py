@@ -184,10 +184,12 @@ def _batch(rng, heads, kv_heads, head_dim, block_size, runs, prompt):
 @pytest.mark.parametrize("runs", [[(1, 1)], [(17, 1), (130, 1)], [(33, 1), (80, 11)], [(15, 15), (130, 9), (64, 2)],
                                   [(1100, 1), (1030, 2)], [(256, 1), (257, 1), (240, 1)]],
                          ids=["one", "decode", "mixed", "prompts", "long", "value-rows"])
-def test_paged_attention_avx512_is_bit_equal_to_its_scalar_statement(runs, head_dim, parallel):
+@pytest.mark.parametrize("heads,kv_heads", [(14, 2), (9, 3)], ids=["group7", "group3"])
+def test_paged_attention_avx512_is_bit_equal_to_its_scalar_statement(runs, head_dim, parallel, heads, kv_heads):
+    """Groups of 7 (two trios of query heads and one alone) and of 3 query heads per KV head."""
     rng = np.random.default_rng(head_dim + len(runs))
     scale = np.float32(1.0) / np.sqrt(np.float32(head_dim))
-    q, k_cache, v_cache, tables, seq, context, prompt_order = _batch(rng, 14, 2, head_dim, 16, runs, 1)
+    q, k_cache, v_cache, tables, seq, context, prompt_order = _batch(rng, heads, kv_heads, head_dim, 16, runs, 1)
     want = np.zeros_like(q)
     reference_attention_avx512(q, k_cache, v_cache, tables, seq, context, prompt_order, scale, want)
     got = np.full_like(q, np.nan)
