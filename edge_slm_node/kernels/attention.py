@@ -32,9 +32,9 @@ for P . V, never across the summed index). In the AVX-512 orders with head_dim 6
 query heads at a time on each K row, and reduces 16 positions' lanes together (`scores_64_three`).
 In the AVX-512 decode order, a context of at most VALUE_ROWS positions has P . V summed with the 64
 lanes in registers, 16 output elements and three query heads at a time (`lane_sums_wide_three`;
-`lane_sums_wide` for the heads left over); the decode orders over longer contexts go lane by lane (a lane's positions are
-every 32nd or 64th): its V rows converted once for every query head, its accumulators in
-registers rather than a store per position. Small calls run on the calling thread (no parallel
+`lane_sums_wide` for the heads left over); the decode orders over longer contexts go lane by lane
+(a lane's positions are every 32nd or 64th): its V rows converted once for every query head, its
+accumulators in registers rather than a store per position. Small calls run on the calling thread (no parallel
 region: waking numba's workers costs 12-70 us here), larger ones on the thread pool with items
 interleaved so that causal prefill splits evenly.
 """

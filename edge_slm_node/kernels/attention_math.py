@@ -410,10 +410,10 @@ def scores_64_three(span, n, queries, at_q, prompt, scale, scores, at_s, width):
     """scores_64_wide for 3 query heads at once (queries at at_q, +64, +128; scores at at_s, +width,
     +2 * width): each K row is loaded once for the three, and 16 positions' lanes are reduced together
     by vec8's fold network instead of one reduce16 each."""
-    q = (load16(queries, at_q), load16(queries, at_q + 16), load16(queries, at_q + 32), load16(queries, at_q + 48),
-         load16(queries, at_q + 64), load16(queries, at_q + 80), load16(queries, at_q + 96), load16(queries, at_q + 112),
-         load16(queries, at_q + 128), load16(queries, at_q + 144), load16(queries, at_q + 160),
-         load16(queries, at_q + 176))
+    q = (load16(queries, at_q), load16(queries, at_q + 16), load16(queries, at_q + 32),
+         load16(queries, at_q + 48), load16(queries, at_q + 64), load16(queries, at_q + 80),
+         load16(queries, at_q + 96), load16(queries, at_q + 112), load16(queries, at_q + 128),
+         load16(queries, at_q + 144), load16(queries, at_q + 160), load16(queries, at_q + 176))
     scale16 = simd.concat(simd.splat_f32(scale), simd.splat_f32(scale))
     full = max(n, 0) // 16 * 16        # n <= 0: a query of a prompt chunk whose context ends before the span
     for o in range(0, full, 16):

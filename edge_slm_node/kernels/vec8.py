@@ -1,7 +1,8 @@
 """More operations on simd.F32x8 for the attention kernels: subtraction, max, broadcasts, the
 horizontal sums, fp16 conversions and exp of llama.cpp's x86 build, each rounding exactly as
-the scalar statement it names (kernels/half.py, kernels/ops.py). Loads, stores, add, mul and
-splats of F32x8 are in simd.py.
+the scalar statement it names (kernels/half.py, kernels/ops.py), and the folds that reduce 16
+vectors of 16 lanes at once (F32x16, the AVX-512 orders). Loads, stores, add, mul and splats of
+F32x8 are in simd.py.
 
 Indices are flat element indices from an array's first element (`arr.flat[index]` for
 C-contiguous arrays, `arr.data[index]` for strided uint16 caches); nothing is bounds-checked.
